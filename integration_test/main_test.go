@@ -1,0 +1,52 @@
+// Package integration_test tests pgratelimit against a real PostgreSQL (see
+// internal/testdb for where it comes from).
+package integration_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// fakeClock is a settable Config.Clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// t0 is a whole minute, so expiry rounding (to the minute) falls predictably.
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+func newClock() *fakeClock { return &fakeClock{t: t0} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Set(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = t0.Add(d)
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// newLimiter is a limiter on a fresh schema.
+func newLimiter(t *testing.T, cfg pgratelimit.Config) *pgratelimit.Limiter {
+	t.Helper()
+	l, err := pgratelimit.New(testdb.Pool(t), cfg)
+	require.NoError(t, err)
+	return l
+}

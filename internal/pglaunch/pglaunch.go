@@ -1,0 +1,298 @@
+// Package pglaunch gets a PostgreSQL to talk to on any machine: a URL from
+// the environment, a container through testcontainers-go when a Docker engine
+// answers, or a throwaway cluster made with the installed server binaries.
+// The test suites and the CLI's demo use it.
+package pglaunch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+)
+
+// ErrUnavailable is returned by Start when no way of getting a PostgreSQL
+// worked. Its message lists why each one failed.
+var ErrUnavailable = errors.New("pglaunch: no PostgreSQL available")
+
+// Options tune Start.
+type Options struct {
+	// EnvVar names an environment variable holding a database URL to use as
+	// is, if set (e.g. PGRATELIMIT_TEST_DATABASE_URL). Empty: none.
+	EnvVar string
+	// Image is the container image tried when Docker answers. Defaults to
+	// "postgres:15-alpine".
+	Image string
+	// TCP makes a local cluster also listen on a free loopback TCP port, and
+	// the URL use it; by default it listens on a unix socket only.
+	TCP bool
+	// Logf, when set, is told which way was taken and why others were not.
+	Logf func(format string, args ...any)
+}
+
+// Instance is a running PostgreSQL.
+type Instance struct {
+	// URL connects as a superuser to the instance's postgres database.
+	URL string
+	// Source says where it came from: "env", "docker" or "local".
+	Source string
+	// DataDir is a local cluster's data directory ("" otherwise).
+	DataDir string
+
+	bin  string // a local cluster's server binaries
+	stop func(context.Context) error
+}
+
+// Close stops and removes a database this package started; for a URL from the
+// environment it does nothing.
+func (in *Instance) Close(ctx context.Context) error {
+	if in.stop == nil {
+		return nil
+	}
+	return in.stop(ctx)
+}
+
+// Start returns a running PostgreSQL, trying in order: the URL in
+// opts.EnvVar; testcontainers-go's postgres module if a Docker engine
+// answers; the installed server binaries (initdb and pg_ctl on PATH, else the
+// newest /usr/lib/postgresql/*/bin). It returns ErrUnavailable, with each
+// reason, when none works.
+func Start(ctx context.Context, opts Options) (*Instance, error) {
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if opts.EnvVar != "" {
+		if u := os.Getenv(opts.EnvVar); u != "" {
+			logf("pglaunch: using %s", opts.EnvVar)
+			return &Instance{URL: u, Source: "env"}, nil
+		}
+	}
+	var reasons []string
+	in, err := startDocker(ctx, opts)
+	if err == nil {
+		logf("pglaunch: started a container")
+		return in, nil
+	}
+	reasons = append(reasons, "docker: "+err.Error())
+	logf("pglaunch: no container (%v); trying local server binaries", err)
+
+	in, err = startLocal(ctx, opts)
+	if err == nil {
+		logf("pglaunch: started a local cluster in %s", in.DataDir)
+		return in, nil
+	}
+	reasons = append(reasons, "local binaries: "+err.Error())
+	if opts.EnvVar != "" {
+		reasons = append([]string{opts.EnvVar + " is not set"}, reasons...)
+	}
+	return nil, fmt.Errorf("%w: %s", ErrUnavailable, strings.Join(reasons, "; "))
+}
+
+func startDocker(ctx context.Context, opts Options) (in *Instance, err error) {
+	// testcontainers panics in some environments without Docker; a panic here
+	// only means "no Docker".
+	defer func() {
+		if r := recover(); r != nil {
+			in, err = nil, fmt.Errorf("%v", r)
+		}
+	}()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	prov, err := testcontainers.NewDockerProvider()
+	if err != nil {
+		return nil, err
+	}
+	defer prov.Close()
+	if err := prov.Health(pctx); err != nil {
+		return nil, fmt.Errorf("no Docker engine answers: %w", err)
+	}
+	image := opts.Image
+	if image == "" {
+		image = "postgres:15-alpine"
+	}
+	ctr, err := tcpostgres.Run(ctx, image,
+		tcpostgres.WithDatabase("postgres"),
+		tcpostgres.WithUsername("postgres"),
+		tcpostgres.WithPassword("postgres"),
+		tcpostgres.BasicWaitStrategies(),
+	)
+	if err != nil {
+		if ctr != nil {
+			_ = ctr.Terminate(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
+	u, err := ctr.ConnectionString(ctx, "sslmode=disable")
+	if err != nil {
+		_ = ctr.Terminate(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &Instance{URL: u, Source: "docker", stop: func(ctx context.Context) error {
+		return ctr.Terminate(ctx)
+	}}, nil
+}
+
+// binDir finds the directory of initdb and pg_ctl.
+func binDir() (string, error) {
+	if p, err := exec.LookPath("pg_ctl"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	var found []string
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err == nil {
+			found = append(found, d)
+		}
+	}
+	if len(found) == 0 {
+		return "", errors.New("initdb and pg_ctl are not on PATH nor in /usr/lib/postgresql/*/bin")
+	}
+	version := func(d string) int {
+		n, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+		return n
+	}
+	sort.Slice(found, func(i, j int) bool { return version(found[i]) > version(found[j]) })
+	return found[0], nil
+}
+
+// runAs runs a server binary, as the postgres OS user when we are root
+// (initdb refuses to run as root).
+type runAs struct {
+	cred *syscall.Credential
+}
+
+func newRunAs(dir string) (runAs, error) {
+	if os.Geteuid() != 0 {
+		return runAs{}, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return runAs{}, fmt.Errorf("running as root and there is no postgres OS user to run the server as: %w", err)
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	if err := os.Chown(dir, int(uid), int(gid)); err != nil {
+		return runAs{}, err
+	}
+	return runAs{cred: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}, nil
+}
+
+func (r runAs) run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if r.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: r.cred}
+	}
+	cmd.Dir = os.TempDir()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startLocal makes a throwaway cluster in a temporary directory, with fsync
+// off, listening on a unix socket in that directory.
+func startLocal(ctx context.Context, opts Options) (*Instance, error) {
+	bin, err := binDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pgratelimit-pg-")
+	if err != nil {
+		return nil, err
+	}
+	cleanup := func() { _ = os.RemoveAll(dir) }
+	as, err := newRunAs(dir)
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	data := filepath.Join(dir, "data")
+	if err := as.run(ctx, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres", "-A", "trust",
+		"-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
+		cleanup()
+		return nil, err
+	}
+	listen, port := "", 5432
+	if opts.TCP {
+		if port, err = freePort(); err != nil {
+			cleanup()
+			return nil, err
+		}
+		listen = "127.0.0.1"
+	}
+	serverOpts := strings.Join([]string{
+		"-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=" + quoteOpt(listen),
+		"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=300",
+		"-c", "shared_buffers=256MB",
+	}, " ")
+	if err := as.run(ctx, filepath.Join(bin, "pg_ctl"), "-D", data, "-l", filepath.Join(dir, "server.log"),
+		"-w", "-t", "60", "-o", serverOpts, "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "server.log"))
+		cleanup()
+		return nil, fmt.Errorf("%w; server log: %s", err, strings.TrimSpace(string(log)))
+	}
+	q := url.Values{"sslmode": {"disable"}}
+	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Path: "/postgres"}
+	if opts.TCP {
+		u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	} else {
+		q.Set("host", dir)
+		q.Set("port", strconv.Itoa(port))
+	}
+	u.RawQuery = q.Encode()
+	in := &Instance{URL: u.String(), Source: "local", DataDir: data, bin: bin}
+	in.stop = func(ctx context.Context) error {
+		err := as.run(ctx, filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
+		cleanup()
+		return err
+	}
+	return in, nil
+}
+
+// quoteOpt quotes a server option value for pg_ctl -o.
+func quoteOpt(s string) string { return "'" + s + "'" }
+
+// PgCtl runs pg_ctl with args against a local cluster (e.g. "restart", "-m",
+// "fast"), for tests of faults. It fails for other sources.
+func (in *Instance) PgCtl(ctx context.Context, args ...string) error {
+	if in.Source != "local" {
+		return fmt.Errorf("pglaunch: pg_ctl needs a local cluster, this one is from %s", in.Source)
+	}
+	as, err := newRunAs(filepath.Dir(in.DataDir))
+	if err != nil {
+		return err
+	}
+	return as.run(ctx, filepath.Join(in.bin, "pg_ctl"), append([]string{"-D", in.DataDir, "-w"}, args...)...)
+}

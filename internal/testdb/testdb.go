@@ -1,0 +1,149 @@
+// Package testdb gives tests a real, migrated PostgreSQL: one server per test
+// binary (from pglaunch: PGRATELIMIT_TEST_DATABASE_URL, Docker, or the local
+// server binaries) and a schema of its own per test, so tests can run in
+// parallel.
+package testdb
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
+	"github.com/pgratelimit/pgratelimit/migrations"
+)
+
+// EnvVar names the variable that points the tests at an existing database
+// instead of starting one. The tests create and drop schemas in it.
+const EnvVar = "PGRATELIMIT_TEST_DATABASE_URL"
+
+var (
+	once     sync.Once
+	instance *pglaunch.Instance
+	startErr error
+)
+
+func start() {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	instance, startErr = pglaunch.Start(ctx, pglaunch.Options{EnvVar: EnvVar})
+}
+
+// Main runs a test binary's tests (call it from TestMain) and stops the
+// database they started, if any.
+func Main(m *testing.M) {
+	code := m.Run()
+	if instance != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if err := instance.Close(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "testdb: stopping the database:", err)
+		}
+		cancel()
+	}
+	os.Exit(code)
+}
+
+// Instance returns the shared server, starting it on first use. Without one,
+// the test fails when CI is set and is skipped, with the reason, elsewhere.
+func Instance(t testing.TB) *pglaunch.Instance {
+	t.Helper()
+	once.Do(start)
+	if startErr != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no PostgreSQL for the integration tests: %v", startErr)
+		}
+		t.Skipf("no PostgreSQL for the integration tests (set %s, or install PostgreSQL or Docker): %v", EnvVar, startErr)
+	}
+	return instance
+}
+
+// Schema is a fresh schema with pgratelimit's tables, dropped when the test
+// ends.
+type Schema struct {
+	Name string
+	// Config connects with search_path set to the schema.
+	Config *pgxpool.Config
+}
+
+// NewSchema creates and migrates a schema of the test's own.
+func NewSchema(t testing.TB) *Schema {
+	t.Helper()
+	s := newEmptySchema(t)
+	db := stdlib.OpenDB(*s.Config.ConnConfig)
+	defer db.Close()
+	if err := migrations.Up(context.Background(), db); err != nil {
+		t.Fatalf("migrating schema %s: %v", s.Name, err)
+	}
+	return s
+}
+
+// NewEmptySchema creates a schema of the test's own without the tables.
+func NewEmptySchema(t testing.TB) *Schema {
+	t.Helper()
+	return newEmptySchema(t)
+}
+
+func newEmptySchema(t testing.TB) *Schema {
+	t.Helper()
+	in := Instance(t)
+	ctx := context.Background()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "test_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, in.URL)
+	if err != nil {
+		t.Fatalf("connecting to the test database: %v", err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatalf("creating schema: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(ctx, in.URL)
+		if err != nil {
+			t.Errorf("dropping schema %s: %v", name, err)
+			return
+		}
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("dropping schema %s: %v", name, err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(in.URL)
+	if err != nil {
+		t.Fatalf("parsing the test database URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = name
+	return &Schema{Name: name, Config: cfg}
+}
+
+// Pool opens a pool on the schema, closed when the test ends. maxConns 0
+// keeps pgxpool's default.
+func (s *Schema) Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg := s.Config.Copy()
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Pool is NewSchema(t).Pool(t, 0): a pool on a fresh migrated schema.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return NewSchema(t).Pool(t, 0)
+}

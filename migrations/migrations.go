@@ -1,0 +1,99 @@
+// Package migrations holds pgratelimit's schema as goose SQL migrations and
+// applies them.
+//
+// The SQL files are embedded in FS. Up, Down and Status run them through a
+// goose Provider that keeps its own version table, VersionTable, so they never
+// touch an application's goose_db_version, and that takes a session advisory
+// lock while it works, so app instances starting at once do not race. The
+// tables are created in the first schema of the connection's search_path.
+//
+// Because of that session lock, run migrations over a direct connection (or
+// PgBouncer in session mode), not through PgBouncer in transaction mode. The
+// limiter itself needs no session state.
+//
+// With a *pgxpool.Pool, get a *sql.DB from it with stdlib.OpenDBFromPool.
+//
+// Teams that run goose themselves can apply the files of FS (or of this
+// folder) with their own goose, keeping a separate version table:
+//
+//	goose -dir migrations -table pgratelimit_goose_version postgres "$DATABASE_URL" up
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+// FS holds the goose SQL migration files.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// VersionTable is the table in which goose records which of these
+// migrations are applied.
+const VersionTable = "pgratelimit_goose_version"
+
+// lockID is the advisory lock key taken while migrating: "pgrlmig" in ASCII,
+// distinct from goose's default so an app's own migrations are not blocked.
+const lockID int64 = 0x7067726c6d6967
+
+// NewProvider returns the goose Provider that Up, Down and Status use, for
+// callers who need more of goose (UpTo, DownTo, ...).
+func NewProvider(db *sql.DB) (*goose.Provider, error) {
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID))
+	if err != nil {
+		return nil, fmt.Errorf("pgratelimit migrations: %w", err)
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, FS,
+		goose.WithTableName(VersionTable),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("pgratelimit migrations: %w", err)
+	}
+	return p, nil
+}
+
+// Up applies every migration not yet applied. Running it again is a no-op.
+func Up(ctx context.Context, db *sql.DB) error {
+	p, err := NewProvider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("pgratelimit migrations: up: %w", err)
+	}
+	return nil
+}
+
+// Down rolls back the most recently applied migration. Rolling back the first
+// one drops the bucket tables and every bucket in them.
+func Down(ctx context.Context, db *sql.DB) error {
+	p, err := NewProvider(db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Down(ctx); err != nil {
+		return fmt.Errorf("pgratelimit migrations: down: %w", err)
+	}
+	return nil
+}
+
+// Status reports every migration and whether it is applied.
+func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
+	p, err := NewProvider(db)
+	if err != nil {
+		return nil, err
+	}
+	st, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pgratelimit migrations: status: %w", err)
+	}
+	return st, nil
+}
