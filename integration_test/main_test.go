@@ -1,12 +1,13 @@
-// Package integration_test tests pgratelimit against a real PostgreSQL (see
+// Package integration tests pgratelimit against a real PostgreSQL (see
 // internal/testdb for where it comes from).
-package integration_test
+package integration
 
 import (
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
@@ -44,6 +45,11 @@ func (c *fakeClock) Add(d time.Duration) {
 }
 
 // newLimiter is a limiter on a fresh schema.
+func newPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	return testdb.Pool(t)
+}
+
 func newLimiter(t *testing.T, cfg pgratelimit.Config) *pgratelimit.Limiter {
 	t.Helper()
 	l, err := pgratelimit.New(testdb.Pool(t), cfg)

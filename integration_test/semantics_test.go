@@ -1,4 +1,4 @@
-package integration_test
+package integration
 
 import (
 	"context"
@@ -56,4 +56,137 @@ func TestWorkedExample(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(7), r.Remaining)
 	require.Equal(t, 30*time.Second, r.ResetAfter, "13 tokens short: 3 refills, at t=50s")
+}
+
+// Steady traffic just under the refill period gets every request through:
+// refills fall on a grid and partial progress is never lost.
+func TestSteadyTraffic(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		every   time.Duration
+		allowed int
+	}{
+		{9900 * time.Millisecond, 100},
+		{7 * time.Second, 72}, // 3 to start with + 69 refills in 693s
+	} {
+		t.Run(tc.every.String(), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			clock := newClock()
+			l := newLimiter(t, pgratelimit.Config{Prefix: "steady", Capacity: 3, Refill: 1, Interval: 10 * time.Second, Clock: clock.Now})
+			allowed := 0
+			for i := range 100 {
+				clock.Set(time.Duration(i) * tc.every)
+				r, err := l.Allow(ctx, "k")
+				require.NoError(t, err)
+				if r.Allowed {
+					allowed++
+				}
+			}
+			require.Equal(t, tc.allowed, allowed)
+		})
+	}
+}
+
+// A clock that goes backwards mints nothing, and refilled_at never moves back.
+func TestClockBackwardsMintsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	l := newLimiter(t, pgratelimit.Config{Prefix: "clock", Capacity: 5, Refill: 1, Interval: time.Second, Clock: clock.Now})
+
+	clock.Set(100 * time.Second)
+	for range 5 {
+		r, err := l.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+	}
+	// Back an hour: nothing refills, and the wait is counted from the real
+	// grid point, not from the late clock.
+	clock.Set(100*time.Second - time.Hour)
+	r, err := l.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, int64(0), r.Remaining)
+	require.Equal(t, time.Hour+time.Second, r.RetryAfter)
+
+	// Forward to 100.5s: still before the first refill at 101s.
+	clock.Set(100*time.Second + 500*time.Millisecond)
+	r, err = l.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, 500*time.Millisecond, r.RetryAfter)
+
+	clock.Set(101 * time.Second)
+	r, err = l.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+}
+
+// Lowering Capacity for an existing prefix clamps stored tokens on read.
+func TestCapacityLoweredClamps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	pool := newPool(t)
+	big, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "p", Capacity: 100, Refill: 1, Interval: time.Minute, Clock: clock.Now})
+	require.NoError(t, err)
+	r, err := big.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.Equal(t, int64(90), r.Remaining)
+
+	small, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "p", Capacity: 5, Refill: 1, Interval: time.Minute, Clock: clock.Now})
+	require.NoError(t, err)
+	r, err = small.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(5), r.Remaining)
+	require.Equal(t, int64(5), r.Limit)
+	for range 5 {
+		r, err = small.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+	}
+	r, err = small.Allow(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+}
+
+func TestPeekResetRefund(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	l := newLimiter(t, pgratelimit.Config{Prefix: "prr", Capacity: 10, Refill: 2, Interval: time.Second, Clock: clock.Now})
+
+	// Peek on an unknown key: full, and nothing written.
+	r, err := l.Peek(ctx, "new")
+	require.NoError(t, err)
+	require.Equal(t, pgratelimit.Result{Allowed: true, Limit: 10, Remaining: 10}, r)
+
+	r, err = l.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	require.Equal(t, 5*time.Second, r.ResetAfter)
+
+	r, err = l.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, time.Second, r.RetryAfter)
+
+	r, err = l.Refund(ctx, "k", 3)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), r.Remaining)
+	require.Equal(t, 4*time.Second, r.ResetAfter)
+
+	r, err = l.Refund(ctx, "k", 1000) // capped
+	require.NoError(t, err)
+	require.Equal(t, int64(10), r.Remaining)
+	require.Zero(t, r.ResetAfter)
+
+	_, err = l.AllowN(ctx, "k", 7)
+	require.NoError(t, err)
+	require.NoError(t, l.Reset(ctx, "k"))
+	r, err = l.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(10), r.Remaining)
+	require.NoError(t, l.Reset(ctx, "never-seen"))
 }

@@ -112,11 +112,9 @@ func (p policy) give(b bucket, now time.Time, n int64) (bucket, Result) {
 // expiryGranularity, never before the stored one (a row only ever moves its
 // expiry forward, which keeps most updates HOT when expires_at is indexed).
 func (p policy) expiry(b bucket, now time.Time, resetAfter time.Duration) time.Time {
-	base := now
-	if b.refilledAt.After(base) {
-		base = b.refilledAt
-	}
-	e := roundUp(timeAddSat(base, resetAfter), expiryGranularity)
+	// now+resetAfter is refilledAt + the whole intervals to full, also when
+	// now is behind refilledAt.
+	e := roundUp(timeAddSat(now, resetAfter), expiryGranularity)
 	if e.Before(b.expiresAt) {
 		return b.expiresAt
 	}

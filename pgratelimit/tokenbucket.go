@@ -179,7 +179,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 // queries are a Limiter's SQL statements, built once with the table name
 // quoted as an identifier.
 type queries struct {
-	insert, lock, update, peek, delete string
+	insert, lock, relock, update, peek, delete string
 }
 
 func newQueries(table string) queries {
@@ -193,6 +193,13 @@ VALUES ($1, $2, $3, COALESCE($4::timestamptz, now()), COALESCE($4::timestamptz, 
 ON CONFLICT (prefix, key) DO NOTHING`,
 		lock: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT tokens, refilled_at, expires_at FROM ` + t + ` WHERE prefix = $1 AND key = $2 FOR UPDATE) b`,
+		// relock is the second try after the row vanished: an upsert that
+		// always returns the row, locked, because DO UPDATE locks a row that
+		// another transaction inserted meanwhile (DO NOTHING would not).
+		relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+VALUES ($1, $2, $3, COALESCE($4::timestamptz, now()), COALESCE($4::timestamptz, now()))
+ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
+RETURNING b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
 		update: `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
@@ -306,18 +313,14 @@ func (l *Limiter) takeOp(cost int64) op {
 // querier is what a check needs of a connection or transaction.
 type querier interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// maxVanish bounds how often a check re-inserts a row that a concurrent
-// delete removed between its INSERT and its SELECT. The second INSERT's row is
-// this transaction's own and cannot vanish, so 2 suffice; more is defensive.
-const maxVanish = 3
-
 // check runs the fixed shape of a check on q: INSERT ... ON CONFLICT DO
 // NOTHING and SELECT ... FOR UPDATE in one round trip (preceded by BEGIN when
-// own), the decision in Go, then the UPDATE only when op says so (followed by
-// COMMIT when own) in a second round trip.
+// own), the decision in Go, then the UPDATE only when decide says so
+// (followed by COMMIT when own) in a second round trip.
 func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, decide op) (Result, error) {
 	now := l.now()
 	var (
@@ -325,28 +328,32 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, de
 		dbNow  time.Time
 		found  bool
 	)
-	for attempt := 0; !found; attempt++ {
-		if attempt == maxVanish {
-			return Result{}, fmt.Errorf("pgratelimit: row vanished %d times in one check", maxVanish)
+	scan := func(row pgx.Row) error {
+		err := row.Scan(&stored.tokens, &stored.refilledAt, &stored.expiresAt, &dbNow)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
 		}
-		if attempt > 0 {
-			l.log.DebugContext(ctx, "pgratelimit: bucket row deleted concurrently, inserting again", "prefix", l.prefix, "key", key)
-		}
-		batch := &pgx.Batch{}
-		if own && attempt == 0 {
-			batch.Queue("BEGIN")
-		}
-		batch.Queue(l.sql.insert, l.prefix, key, l.p.capacity, now)
-		batch.Queue(l.sql.lock, l.prefix, key, now).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&stored.tokens, &stored.refilledAt, &stored.expiresAt, &dbNow)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil // vanished: go round again
-			}
-			found = err == nil
-			return err
-		})
-		if err := q.SendBatch(ctx, batch).Close(); err != nil {
+		found = err == nil
+		return err
+	}
+	batch := &pgx.Batch{}
+	if own {
+		batch.Queue("BEGIN")
+	}
+	batch.Queue(l.sql.insert, l.prefix, key, l.p.capacity, now)
+	batch.Queue(l.sql.lock, l.prefix, key, now).QueryRow(scan)
+	if err := q.SendBatch(ctx, batch).Close(); err != nil {
+		return Result{}, err
+	}
+	if !found {
+		// A concurrent DELETE (cleanup) removed the row between our INSERT
+		// and SELECT. Insert it again, in this transaction.
+		l.log.DebugContext(ctx, "pgratelimit: bucket row deleted concurrently, inserting again", "prefix", l.prefix, "key", key)
+		if err := scan(q.QueryRow(ctx, l.sql.relock, l.prefix, key, l.p.capacity, now)); err != nil {
 			return Result{}, err
+		}
+		if !found {
+			return Result{}, errors.New("pgratelimit: upsert returned no row") // cannot happen
 		}
 	}
 

@@ -1,0 +1,28 @@
+# Run `make` for the list of targets.
+SHELL := /bin/bash
+GO ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME ?= 200000x
+FUZZLONG ?= 5m
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+test: lint ## Everything: vet, staticcheck, unit and integration tests with -race, a short fuzz run.
+	$(GO) test -race -count=1 ./...
+	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
+
+lint: ## gofmt, go vet and staticcheck.
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+fuzz: ## Fuzz the refill math for longer (FUZZLONG=5m).
+	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
+
+bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
+	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./integration_test/
+
+.PHONY: help test lint fuzz bench

@@ -1,0 +1,175 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+var validConfig = pgratelimit.Config{Prefix: "in", Capacity: 10, Refill: 1, Interval: time.Second}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	pool := unreachablePool(t)
+	for _, tc := range []struct {
+		name  string
+		edit  func(*pgratelimit.Config)
+		field string
+	}{
+		{"empty prefix", func(c *pgratelimit.Config) { c.Prefix = "" }, "Prefix"},
+		{"NUL prefix", func(c *pgratelimit.Config) { c.Prefix = "a\x00b" }, "Prefix"},
+		{"bad UTF-8 prefix", func(c *pgratelimit.Config) { c.Prefix = "\xff" }, "Prefix"},
+		{"long prefix", func(c *pgratelimit.Config) { c.Prefix = strings.Repeat("p", pgratelimit.MaxPrefixLen+1) }, "Prefix"},
+		{"zero capacity", func(c *pgratelimit.Config) { c.Capacity = 0 }, "Capacity"},
+		{"negative capacity", func(c *pgratelimit.Config) { c.Capacity = -1 }, "Capacity"},
+		{"zero refill", func(c *pgratelimit.Config) { c.Refill = 0 }, "Refill"},
+		{"negative refill", func(c *pgratelimit.Config) { c.Refill = -5 }, "Refill"},
+		{"zero interval", func(c *pgratelimit.Config) { c.Interval = 0 }, "Interval"},
+		{"negative interval", func(c *pgratelimit.Config) { c.Interval = -time.Second }, "Interval"},
+		{"sub-microsecond interval", func(c *pgratelimit.Config) { c.Interval = time.Nanosecond }, "Interval"},
+		{"unknown storage", func(c *pgratelimit.Config) { c.Storage = 7 }, "Storage"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := validConfig
+			tc.edit(&cfg)
+			l, err := pgratelimit.New(pool, cfg)
+			require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+			require.ErrorContains(t, err, tc.field)
+			require.Nil(t, l)
+		})
+	}
+	_, err := pgratelimit.New(nil, validConfig)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+}
+
+// unreachablePool is a pool whose every connection attempt fails, so any
+// input that reached the database would come back as a connection error
+// instead of the typed error the tests expect.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Every bad input gets its typed error before any database access.
+func TestBadInputNeverReachesTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := pgratelimit.New(unreachablePool(t), validConfig)
+	require.NoError(t, err)
+
+	badKeys := map[string]string{
+		"empty":    "",
+		"NUL":      "user\x00id",
+		"UTF-8":    "\xc3\x28",
+		"too long": strings.Repeat("k", pgratelimit.MaxKeyLen+1),
+	}
+	for name, key := range badKeys {
+		t.Run("key "+name, func(t *testing.T) {
+			_, err := l.Allow(ctx, key)
+			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+			_, err = l.AllowNTx(ctx, nil, key, 1)
+			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+			_, err = l.Peek(ctx, key)
+			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+			_, err = l.Refund(ctx, key, 1)
+			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+			require.ErrorIs(t, l.Reset(ctx, key), pgratelimit.ErrInvalidKey)
+		})
+	}
+	for _, cost := range []int64{0, -1, -1 << 63} {
+		_, err := l.AllowN(ctx, "k", cost)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidCost, "cost %d", cost)
+		_, err = l.AllowNTx(ctx, nil, "k", cost)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidCost, "cost %d", cost)
+		_, err = l.Refund(ctx, "k", cost)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidCost, "refund %d", cost)
+	}
+	for _, cost := range []int64{11, 1 << 62, 1<<63 - 1} {
+		_, err := l.AllowN(ctx, "k", cost)
+		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity, "cost %d", cost)
+		_, err = l.AllowNTx(ctx, nil, "k", cost)
+		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity, "cost %d", cost)
+	}
+	// And the same limiter does reach out for a valid input: proof the pool
+	// above would have failed loudly.
+	_, err = l.Allow(ctx, "k")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, pgratelimit.ErrInvalidKey)
+}
+
+// Keys full of SQL and other metacharacters are just keys.
+func TestHostileKeysAreJustKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "'; DROP TABLE x; --", Capacity: 2, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	keys := []string{
+		"'; DROP TABLE pgratelimit_buckets; --",
+		`" OR 1=1 --`,
+		`$1 $$ \x00 %s %d`,
+		"{\"json\": [1, 2]}",
+		"line\r\nX-Injected: yes",
+		"🔑 ключ 鍵",
+		strings.Repeat("k", pgratelimit.MaxKeyLen),
+	}
+	for _, key := range keys {
+		for i := range 3 {
+			r, err := l.Allow(ctx, key)
+			require.NoError(t, err)
+			require.Equal(t, i < 2, r.Allowed, "key %q check %d", key, i)
+		}
+	}
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgratelimit_buckets WHERE tokens = 0`).Scan(&rows))
+	require.Equal(t, len(keys), rows)
+	var stored []string
+	r, err := pool.Query(ctx, `SELECT key FROM pgratelimit_buckets ORDER BY key`)
+	require.NoError(t, err)
+	for r.Next() {
+		var k string
+		require.NoError(t, r.Scan(&k))
+		stored = append(stored, k)
+	}
+	require.NoError(t, r.Err())
+	require.ElementsMatch(t, keys, stored)
+}
+
+func TestNotMigrated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewEmptySchema(t).Pool(t, 0)
+	for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+		cfg := validConfig
+		cfg.Storage = storage
+		l, err := pgratelimit.New(pool, cfg)
+		require.NoError(t, err)
+		_, err = l.Allow(ctx, "k")
+		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
+		require.ErrorContains(t, err, "migrate")
+		_, err = l.Peek(ctx, "k")
+		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
+		require.ErrorIs(t, l.Reset(ctx, "k"), pgratelimit.ErrNotMigrated)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = l.AllowNTx(ctx, tx, "k", 1)
+		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
+		require.NoError(t, tx.Rollback(ctx))
+		if errors.Is(err, pgratelimit.ErrNotMigrated) {
+			// The connection went back to the pool clean: the next check
+			// on it fails the same way, not with "transaction aborted".
+			_, err = l.Allow(ctx, "k")
+			require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+// Package pgratelimit is a token-bucket rate limiter and quota keeper whose
+// buckets live in PostgreSQL: exact under concurrency, across any number of
+// app instances, with no Redis to run.
+//
+// # The bucket
+//
+// A Limiter keeps one bucket per key. A bucket holds at most Config.Capacity
+// tokens and starts full. Every whole Config.Interval since the bucket was
+// created it gains Config.Refill tokens, capped at Capacity. Refills fall on a
+// fixed grid: progress towards the next refill is never lost, so traffic just
+// under the refill rate is always allowed. Right around a refill moment a full
+// bucket can let Capacity+Refill tokens through in quick succession; a small
+// Interval makes the limit smooth.
+//
+// A check of cost n takes n tokens if the bucket holds n (Result.Allowed),
+// else it takes nothing, writes nothing, and says when to retry
+// (Result.RetryAfter). A cost above Capacity could never succeed and is an
+// error, ErrCostExceedsCapacity. Tokens are int64 and the arithmetic
+// saturates.
+//
+// # One check, one transaction
+//
+// Each check is a transaction of fixed shape, pipelined into two round trips:
+//
+//	BEGIN
+//	INSERT INTO pgratelimit_buckets ... ON CONFLICT (prefix, key) DO NOTHING
+//	SELECT tokens, refilled_at, ... FOR UPDATE      -- and the database's clock
+//	-- refill math in Go
+//	UPDATE ...                                      -- only when allowed
+//	COMMIT
+//
+// The row lock makes concurrent checks of one key queue up, which is what
+// makes them exact. No session state is used (no SET, PREPARE or session
+// advisory locks), so it works behind PgBouncer in transaction mode.
+//
+// AllowNTx runs the same statements inside the caller's transaction, so
+// tokens are spent only if the caller's own write commits.
+//
+// # Time
+//
+// By default the time is the database's clock_timestamp(), read after the row
+// lock is held: one clock for all instances, so clock skew between app servers
+// cannot mint tokens. Config.Clock replaces it in tests. Elapsed time is
+// clamped at zero; a clock that goes backwards adds nothing.
+//
+// # Expiry
+//
+// Every row records when its bucket is full again (expires_at, rounded up to
+// the minute). From then on the row means exactly what a missing row means (a
+// full bucket whose refill grid starts at its next check), so deleting expired
+// rows never changes a decision.
+//
+// # Schema
+//
+// The tables come from the goose migrations in package migrations. A Limiter
+// with Storage Durable uses a logged table (right for credits); Ephemeral uses
+// an UNLOGGED one (faster; emptied after a crash, so right for request rates).
+package pgratelimit
