@@ -188,8 +188,13 @@ func newQueries(table string) queries {
 	// locking SELECT reads clock_timestamp() in an outer query, so after the
 	// row lock is held.
 	return queries{
+		// A new row is a full bucket whose grid starts now. Its expires_at
+		// ($5 after now, rounded up to the minute as bucket.expiry does) is
+		// what the check that inserts it will compute, so the check's UPDATE
+		// leaves the indexed column alone and stays HOT.
 		insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-VALUES ($1, $2, $3, COALESCE($4::timestamptz, now()), COALESCE($4::timestamptz, now()))
+SELECT $1, $2, $3, n, date_bin('1 minute', n + $5::interval + interval '59.999999 seconds', timestamptz 'epoch')
+FROM COALESCE($4::timestamptz, now()) n
 ON CONFLICT (prefix, key) DO NOTHING`,
 		lock: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT tokens, refilled_at, expires_at FROM ` + t + ` WHERE prefix = $1 AND key = $2 FOR UPDATE) b`,
@@ -197,7 +202,8 @@ FROM (SELECT tokens, refilled_at, expires_at FROM ` + t + ` WHERE prefix = $1 AN
 		// always returns the row, locked, because DO UPDATE locks a row that
 		// another transaction inserted meanwhile (DO NOTHING would not).
 		relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
-VALUES ($1, $2, $3, COALESCE($4::timestamptz, now()), COALESCE($4::timestamptz, now()))
+SELECT $1, $2, $3, n, date_bin('1 minute', n + $5::interval + interval '59.999999 seconds', timestamptz 'epoch')
+FROM COALESCE($4::timestamptz, now()) n
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
 RETURNING b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
 		update: `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
@@ -234,7 +240,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, e
 		return Result{}, err
 	}
 	return l.inOwnTx(ctx, "check "+quoteKey(key), func(ctx context.Context, q querier) (Result, error) {
-		return l.check(ctx, q, key, true, l.takeOp(cost))
+		return l.check(ctx, q, key, true, cost, l.takeOp(cost))
 	})
 }
 
@@ -249,7 +255,7 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	return l.inOwnTx(ctx, "refund "+quoteKey(key), func(ctx context.Context, q querier) (Result, error) {
-		return l.check(ctx, q, key, true, func(b bucket, now time.Time) (bucket, Result, bool) {
+		return l.check(ctx, q, key, true, 0, func(b bucket, now time.Time) (bucket, Result, bool) {
 			nb, r := l.p.give(b, now, n)
 			return nb, r, !nb.same(b)
 		})
@@ -321,8 +327,11 @@ type querier interface {
 // NOTHING and SELECT ... FOR UPDATE in one round trip (preceded by BEGIN when
 // own), the decision in Go, then the UPDATE only when decide says so
 // (followed by COMMIT when own) in a second round trip.
-func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, decide op) (Result, error) {
+func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, cost int64, decide op) (Result, error) {
 	now := l.now()
+	// How long a new row takes to be full again after this check: the
+	// insert stores it as the row's expiry (see queries.insert).
+	horizon := l.p.untilTokens(bucket{tokens: l.p.capacity - cost}, time.Time{}, l.p.capacity)
 	var (
 		stored bucket
 		dbNow  time.Time
@@ -340,7 +349,7 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, de
 	if own {
 		batch.Queue("BEGIN")
 	}
-	batch.Queue(l.sql.insert, l.prefix, key, l.p.capacity, now)
+	batch.Queue(l.sql.insert, l.prefix, key, l.p.capacity, now, horizon)
 	batch.Queue(l.sql.lock, l.prefix, key, now).QueryRow(scan)
 	if err := q.SendBatch(ctx, batch).Close(); err != nil {
 		return Result{}, err
@@ -349,7 +358,7 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, de
 		// A concurrent DELETE (cleanup) removed the row between our INSERT
 		// and SELECT. Insert it again, in this transaction.
 		l.log.DebugContext(ctx, "pgratelimit: bucket row deleted concurrently, inserting again", "prefix", l.prefix, "key", key)
-		if err := scan(q.QueryRow(ctx, l.sql.relock, l.prefix, key, l.p.capacity, now)); err != nil {
+		if err := scan(q.QueryRow(ctx, l.sql.relock, l.prefix, key, l.p.capacity, now, horizon)); err != nil {
 			return Result{}, err
 		}
 		if !found {

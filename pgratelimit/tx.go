@@ -22,7 +22,7 @@ func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int6
 	if err := l.p.validateCost(cost); err != nil {
 		return Result{}, err
 	}
-	res, err := l.check(ctx, tx, key, false, l.takeOp(cost))
+	res, err := l.check(ctx, tx, key, false, cost, l.takeOp(cost))
 	if err != nil {
 		return Result{}, dbError("check "+quoteKey(key)+" in transaction", err)
 	}

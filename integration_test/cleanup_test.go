@@ -1,0 +1,301 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+func countRows(t *testing.T, pool *pgxpool.Pool, where string) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM pgratelimit_buckets WHERE `+where+`) + (SELECT count(*) FROM pgratelimit_ephemeral_buckets WHERE `+where+`)`).Scan(&n))
+	return n
+}
+
+// Deleting expired rows never changes a decision: the same checks against a
+// schema that is cleaned and one that is not give the same results.
+func TestCleanupNeverChangesADecision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	var pools [2]*pgxpool.Pool
+	var limiters [2][2]*pgratelimit.Limiter // [cleaned?][storage]
+	for i := range pools {
+		pools[i] = newPool(t)
+		for s, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+			l, err := pgratelimit.New(pools[i], pgratelimit.Config{
+				Prefix: "same", Capacity: 7, Refill: 2, Interval: 10 * time.Second, Storage: storage, Clock: clock.Now,
+			})
+			require.NoError(t, err)
+			limiters[i][s] = l
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var deleted int64
+	for step := range 600 {
+		if step%20 == 0 {
+			// Now and then a long pause, past most rows' expiry.
+			clock.Add(time.Duration(rng.IntN(200)) * time.Second)
+			n, err := pgratelimit.DeleteExpired(ctx, pools[1], pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 3})
+			require.NoError(t, err)
+			deleted += n
+		}
+		clock.Add(time.Duration(rng.IntN(4000)) * time.Millisecond)
+		key := fmt.Sprintf("k%d", rng.IntN(8))
+		s := rng.IntN(2)
+		var got [2]pgratelimit.Result
+		if rng.IntN(4) == 0 {
+			for i := range got {
+				r, err := limiters[i][s].Peek(ctx, key)
+				require.NoError(t, err)
+				got[i] = r
+			}
+		} else {
+			cost := 1 + rng.Int64N(7)
+			for i := range got {
+				r, err := limiters[i][s].AllowN(ctx, key, cost)
+				require.NoError(t, err)
+				got[i] = r
+			}
+		}
+		require.Equal(t, got[0], got[1], "step %d, key %s", step, key)
+	}
+	require.Positive(t, deleted, "cleanup deleted rows along the way")
+	t.Logf("%d rows deleted by cleanups between the checks", deleted)
+}
+
+// warpClock runs a hundred times faster than real time.
+type warpClock struct{ start time.Time }
+
+func (w warpClock) Now() time.Time { return t0.Add(100 * time.Since(w.start)) }
+
+// Cleanup running in a loop under load: no errors, and no key gets more than
+// its bucket allows.
+func TestCleanupUnderLoad(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewSchema(t).Pool(t, 24)
+	clock := warpClock{start: time.Now()}
+	const capacity, refill, interval = 2, 1, time.Minute
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "load", Capacity: capacity, Refill: refill, Interval: interval, Clock: clock.Now})
+	require.NoError(t, err)
+
+	const keys, workers = 1000, 32
+	runFor := 4 * time.Second
+	var allowed [keys]atomic.Int64
+	var checks, cleaned atomic.Int64
+	stop := make(chan struct{})
+	var cleanerWG sync.WaitGroup
+	cleanerWG.Add(1)
+	go func() {
+		defer cleanerWG.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 50})
+			if err != nil {
+				t.Errorf("cleanup: %v", err)
+				return
+			}
+			cleaned.Add(n)
+		}
+	}()
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(runFor)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				// A window of 100 keys slides over the 1000, so keys go idle,
+				// expire, get deleted and come back.
+				window := int(time.Since(clock.start) / (runFor / 10))
+				k := (window*100 + rand.IntN(100)) % keys
+				r, err := l.Allow(ctx, fmt.Sprintf("key-%d", k))
+				if err != nil {
+					t.Errorf("check: %v", err)
+					return
+				}
+				checks.Add(1)
+				if r.Allowed {
+					allowed[k].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	cleanerWG.Wait()
+
+	elapsed := clock.Now().Sub(t0)
+	bound := capacity + refill*int64(elapsed/interval)
+	var total int64
+	for k := range allowed {
+		n := allowed[k].Load()
+		total += n
+		require.LessOrEqual(t, n, bound, "key %d allowed %d in %s of warped time", k, n, elapsed)
+	}
+	require.Positive(t, cleaned.Load(), "cleanup deleted rows during the load")
+	t.Logf("%d checks, %d allowed, %d rows cleaned, per-key bound %d", checks.Load(), total, cleaned.Load(), bound)
+}
+
+// insertExpired puts n expired rows in the durable table.
+func insertExpired(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO pgratelimit_buckets (prefix, key, tokens, refilled_at, expires_at)
+SELECT 'old', 'k' || i, 1, now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, $1) i`, n)
+	require.NoError(t, err)
+}
+
+// 200,000 expired rows go in batches while checks run; the slowest check
+// is reported.
+func TestCleanupLargeBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.NewSchema(t).Pool(t, 12)
+	insertExpired(t, pool, 200000)
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "live", Capacity: 1 << 40, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	old, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "old", Capacity: 5, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var slowest atomic.Int64
+	var checks atomic.Int64
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				start := time.Now()
+				// Half the checks hit keys that are being deleted.
+				lim, key := l, fmt.Sprintf("live-%d", i%100)
+				if w%2 == 0 {
+					lim, key = old, fmt.Sprintf("k%d", 1+rand.IntN(200000))
+				}
+				if _, err := lim.Allow(ctx, key); err != nil {
+					t.Errorf("check during cleanup: %v", err)
+					return
+				}
+				checks.Add(1)
+				if d := int64(time.Since(start)); d > slowest.Load() {
+					slowest.Store(d)
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{})
+	took := time.Since(start)
+	close(done)
+	wg.Wait()
+	require.NoError(t, err)
+	// Rows that the checks re-created are live and stay.
+	require.Zero(t, countRows(t, pool, `expires_at <= now()`))
+	require.InDelta(t, 200000, n, float64(checks.Load()), "every expired row went, less those checks took first")
+	t.Logf("deleted %d rows in %s (%.0f rows/s) while %d checks ran; slowest check %s",
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), checks.Load(), time.Duration(slowest.Load()).Round(time.Microsecond))
+}
+
+// Two Cleaners at once: both run without error, and each row is deleted once.
+func TestTwoCleaners(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	insertExpired(t, pool, 20000)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var stats []pgratelimit.CleanupStats
+	var wg sync.WaitGroup
+	for range 2 {
+		c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{
+			BatchSize: 500,
+			Interval:  50 * time.Millisecond,
+			OnRun: func(st pgratelimit.CleanupStats) {
+				mu.Lock()
+				defer mu.Unlock()
+				stats = append(stats, st)
+			},
+		})
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Run(ctx); err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}()
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(stats) >= 6
+	}, time.Minute, 10*time.Millisecond)
+	cancel()
+	wg.Wait()
+
+	var deleted int64
+	for _, st := range stats {
+		require.NoError(t, st.Err)
+		deleted += st.Deleted
+	}
+	require.Equal(t, int64(20000), deleted)
+	require.Zero(t, countRows(t, pool, `true`))
+}
+
+// Cancelling Run's context stops it promptly, also in the middle of a run.
+func TestCleanerStopsOnCancel(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	insertExpired(t, pool, 50000)
+	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: 10, Interval: time.Hour})
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	ret := make(chan error)
+	go func() { ret <- c.Run(ctx) }()
+	require.Eventually(t, func() bool { return countRows(t, pool, `true`) < 50000 }, time.Minute, time.Millisecond,
+		"the first run starts right away")
+	cancel() // mid-run: 50,000 rows at 10 a batch take far longer than this test
+	select {
+	case err := <-ret:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
+	}
+	require.Positive(t, countRows(t, pool, `true`), "it stopped before finishing")
+}
+
+func TestCleanupBadOptions(t *testing.T) {
+	t.Parallel()
+	pool := unreachablePool(t)
+	_, err := pgratelimit.DeleteExpired(context.Background(), pool, pgratelimit.CleanupOptions{BatchSize: -1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.DeleteExpired(context.Background(), nil, pgratelimit.CleanupOptions{})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{Interval: -time.Second})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{StatementTimeout: -time.Second})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+}

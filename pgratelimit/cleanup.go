@@ -1,0 +1,247 @@
+package pgratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// CleanupOptions tune DeleteExpired.
+type CleanupOptions struct {
+	// BatchSize is how many rows one transaction deletes at most. Defaults
+	// to 1000.
+	BatchSize int
+
+	// Clock, when set, replaces the database's clock in deciding what has
+	// expired. Set it to the same clock as the limiters' Config.Clock, or
+	// leave both nil. Defaults to nil: the database's clock_timestamp().
+	Clock func() time.Time
+
+	// StatementTimeout bounds each batch's DELETE (SET LOCAL
+	// statement_timeout). Defaults to 10 seconds.
+	StatementTimeout time.Duration
+}
+
+func (o *CleanupOptions) setDefaults() error {
+	if o.BatchSize < 0 {
+		return fmt.Errorf("%w: BatchSize must be >= 0, got %d", ErrInvalidConfig, o.BatchSize)
+	}
+	if o.StatementTimeout < 0 {
+		return fmt.Errorf("%w: StatementTimeout must be >= 0, got %s", ErrInvalidConfig, o.StatementTimeout)
+	}
+	if o.BatchSize == 0 {
+		o.BatchSize = 1000
+	}
+	if o.StatementTimeout == 0 {
+		o.StatementTimeout = 10 * time.Second
+	}
+	return nil
+}
+
+// CleanupStats describes one cleanup run.
+type CleanupStats struct {
+	// Deleted is the number of rows deleted, over both tables.
+	Deleted int64
+	// Batches is the number of delete transactions run.
+	Batches int
+	// Duration is how long the run took.
+	Duration time.Duration
+	// Skipped says that another instance was cleaning, so this run did
+	// nothing (Cleaner only).
+	Skipped bool
+	// Err is the run's error, if any (Cleaner only; DeleteExpired returns
+	// it).
+	Err error
+}
+
+// cleanupLockID is the pg_try_advisory_xact_lock key that lets one Cleaner
+// at a time work: "pgrlcln" in ASCII.
+const cleanupLockID int64 = 0x7067726c636c6e
+
+// DeleteExpired deletes the rows of both bucket tables (durable and
+// ephemeral) whose expires_at has passed: buckets that are full again, which
+// a check treats exactly like missing rows, so deleting them never changes a
+// decision. It deletes in batches of opts.BatchSize, one short transaction
+// each, skipping rows that a check has locked (FOR UPDATE SKIP LOCKED), until
+// a batch comes back short or ctx ends. It returns the number of rows
+// deleted, also when it stops on an error.
+func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions) (deleted int64, err error) {
+	st, err := deleteExpired(ctx, pool, opts, false)
+	return st.Deleted, err
+}
+
+func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions, exclusive bool) (CleanupStats, error) {
+	var st CleanupStats
+	if pool == nil {
+		return st, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if err := opts.setDefaults(); err != nil {
+		return st, err
+	}
+	start := time.Now()
+	defer func() { st.Duration = time.Since(start) }()
+	for _, table := range []string{DurableTable, EphemeralTable} {
+		t := pgx.Identifier{table}.Sanitize()
+		del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + t + ` WHERE expires_at <= COALESCE($1::timestamptz, now())
+	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+		for {
+			if err := ctx.Err(); err != nil {
+				return st, err
+			}
+			var now any
+			if opts.Clock != nil {
+				now = opts.Clock().Truncate(time.Microsecond).UTC()
+			}
+			n, locked, err := deleteBatch(ctx, pool, del, now, opts, exclusive)
+			if err != nil {
+				return st, dbError("delete expired rows of "+table, err)
+			}
+			if !locked {
+				st.Skipped = true
+				return st, nil
+			}
+			st.Batches++
+			st.Deleted += n
+			if n < int64(opts.BatchSize) {
+				break
+			}
+		}
+	}
+	return st, nil
+}
+
+// deleteBatch runs one batch transaction. When exclusive, it first takes the
+// cleanup advisory lock for the transaction and reports locked == false,
+// deleting nothing, if another instance holds it.
+func deleteBatch(ctx context.Context, pool *pgxpool.Pool, del string, now any, opts CleanupOptions, exclusive bool) (n int64, locked bool, err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT set_config('statement_timeout', $1, true)`, fmt.Sprintf("%dms", opts.StatementTimeout.Milliseconds()))
+	locked = true
+	if exclusive {
+		batch.Queue(`SELECT pg_try_advisory_xact_lock($1)`, cleanupLockID).QueryRow(func(r pgx.Row) error {
+			return r.Scan(&locked)
+		})
+	}
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return 0, false, err
+	}
+	if !locked {
+		return 0, false, nil
+	}
+	tag, err := tx.Exec(ctx, del, now, opts.BatchSize)
+	if err != nil {
+		return 0, true, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, true, err
+	}
+	return tag.RowsAffected(), true, nil
+}
+
+// CleanerConfig configures a Cleaner.
+type CleanerConfig struct {
+	// Interval is the time between runs; each wait adds up to 10% of random
+	// jitter so instances drift apart. Defaults to 1 minute.
+	Interval time.Duration
+
+	// BatchSize, Clock and StatementTimeout are as in CleanupOptions.
+	BatchSize        int
+	Clock            func() time.Time
+	StatementTimeout time.Duration
+
+	// Logger receives a line per run (rows deleted, batches, duration) at
+	// Info, or Warn for a failed run. Defaults to nil: discard.
+	Logger *slog.Logger
+
+	// OnRun, when set, is called after every run, e.g. to export metrics.
+	// It runs on the Cleaner's goroutine: keep it quick.
+	OnRun func(CleanupStats)
+}
+
+// Cleaner deletes expired bucket rows periodically. Run it in every app
+// instance: in each run, only the instance that gets the cleanup advisory lock
+// (pg_try_advisory_xact_lock, taken per batch transaction, so it works behind
+// PgBouncer in transaction mode) deletes; the others skip.
+type Cleaner struct {
+	pool *pgxpool.Pool
+	cfg  CleanerConfig
+	opts CleanupOptions
+	log  *slog.Logger
+}
+
+// NewCleaner validates cfg and returns a Cleaner. It does not start it: call
+// Run.
+func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if cfg.Interval < 0 {
+		return nil, fmt.Errorf("%w: Interval must be >= 0, got %s", ErrInvalidConfig, cfg.Interval)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Minute
+	}
+	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout}
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Cleaner{pool: pool, cfg: cfg, opts: opts, log: log}, nil
+}
+
+// Run cleans once right away, then every Interval (plus jitter), until ctx is
+// cancelled; then it returns nil promptly, abandoning a batch in flight (its
+// transaction rolls back). A failed run is logged and retried at the next
+// interval; Run never stops on one.
+func (c *Cleaner) Run(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		st := c.RunOnce(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if c.cfg.OnRun != nil {
+			c.cfg.OnRun(st)
+		}
+		jitter := time.Duration(rand.Int64N(int64(c.cfg.Interval)/10 + 1))
+		timer.Reset(c.cfg.Interval + jitter)
+	}
+}
+
+// RunOnce runs one cleanup now, as Run does at each interval, logs it and
+// returns its stats (the error is in CleanupStats.Err).
+func (c *Cleaner) RunOnce(ctx context.Context) CleanupStats {
+	st, err := deleteExpired(ctx, c.pool, c.opts, true)
+	st.Err = err
+	attrs := []any{"deleted", st.Deleted, "batches", st.Batches, "duration", st.Duration}
+	switch {
+	case err != nil && !errors.Is(err, context.Canceled):
+		c.log.WarnContext(ctx, "pgratelimit: cleanup failed; retrying next interval", append(attrs, "error", err)...)
+	case st.Skipped:
+		c.log.DebugContext(ctx, "pgratelimit: cleanup skipped: another instance is cleaning", attrs...)
+	case err == nil:
+		c.log.InfoContext(ctx, "pgratelimit: cleanup", attrs...)
+	}
+	return st
+}
