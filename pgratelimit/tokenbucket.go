@@ -82,6 +82,11 @@ type Config struct {
 	// clock_timestamp(), read after the bucket's row lock is held.
 	Clock func() time.Time
 
+	// MaxWait bounds how long Wait and WaitN may block in all; a wait that
+	// would take longer returns ErrWaitTooLong at once. Defaults to 0: only
+	// the context's deadline bounds it.
+	MaxWait time.Duration
+
 	// Logger receives the limiter's diagnostics (retries, failed rollbacks).
 	// Defaults to nil: discard.
 	Logger *slog.Logger
@@ -105,6 +110,9 @@ func (c Config) validate() error {
 	}
 	if c.Interval%time.Microsecond != 0 {
 		return bad("Interval must be a whole number of microseconds, got %s", c.Interval)
+	}
+	if c.MaxWait < 0 {
+		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
 	}
 	if c.Storage != Durable && c.Storage != Ephemeral {
 		return bad("Storage must be Durable or Ephemeral, got %d", int(c.Storage))
@@ -143,12 +151,14 @@ type Result struct {
 // transaction, Peek to look without spending, Refund to give tokens back and
 // Reset to refill a bucket. A Limiter is safe for concurrent use.
 type Limiter struct {
-	pool   *pgxpool.Pool
-	prefix string
-	p      policy
-	clock  func() time.Time
-	log    *slog.Logger
-	sql    queries
+	pool    *pgxpool.Pool
+	cfg     Config
+	prefix  string
+	p       policy
+	clock   func() time.Time
+	maxWait time.Duration
+	log     *slog.Logger
+	sql     queries
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -167,14 +177,19 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Limiter{
-		pool:   pool,
-		prefix: cfg.Prefix,
-		p:      policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
-		clock:  cfg.Clock,
-		log:    log,
-		sql:    newQueries(cfg.Storage.table()),
+		pool:    pool,
+		cfg:     cfg,
+		prefix:  cfg.Prefix,
+		p:       policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
+		clock:   cfg.Clock,
+		maxWait: cfg.MaxWait,
+		log:     log,
+		sql:     newQueries(cfg.Storage.table()),
 	}, nil
 }
+
+// Config returns the limiter's configuration, as passed to New.
+func (l *Limiter) Config() Config { return l.cfg }
 
 // queries are a Limiter's SQL statements, built once with the table name
 // quoted as an identifier.

@@ -1,0 +1,317 @@
+// Package httplimit is net/http middleware that rate-limits requests with a
+// pgratelimit.Limiter and tells clients their limits in standard headers.
+//
+// # Headers
+//
+// Every limited response carries the fields of the IETF httpapi draft
+// "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-headers-11):
+//
+//	RateLimit-Policy: "api";q=10;w=10
+//	RateLimit: "api";r=7;t=3
+//
+// A token bucket maps onto the draft's quota policy like this: the quota q is
+// the bucket's Capacity; the window w is how long an empty bucket takes to
+// fill, ceil(Capacity/Refill) intervals, in seconds rounded up; r is the
+// tokens remaining after this request; t is the seconds until the bucket is
+// full again (Result.ResetAfter, rounded up). Quota units are tokens: one per
+// request unless Options.Cost says otherwise. The policy's name is the
+// limiter's Config.Prefix.
+//
+// A denied request gets 429 Too Many Requests with Retry-After in whole
+// seconds, rounded up, so a client that obeys it is never early. With
+// Options.LegacyHeaders the widespread X-RateLimit-Limit, -Remaining and
+// -Reset (seconds) are sent as well.
+//
+// # Keys
+//
+// KeyByIP keys by client address, believing X-Forwarded-For only from
+// trusted proxies; KeyByHeader keys by a request header such as an API key.
+// Keys are stored in plain text in the bucket table: KeyByHeader hashes the
+// header value, and a custom KeyFunc should hash anything secret too.
+//
+// # Failures
+//
+// When the database fails, the middleware fails closed (503) by default, or
+// open (the request goes through, without rate-limit headers) with
+// Options.FailOpen; either way the error is logged.
+package httplimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+// KeyFunc returns the rate-limit key of a request, or an error when the
+// request has none (the middleware then answers via Options.ErrorHandler).
+type KeyFunc func(r *http.Request) (string, error)
+
+// ErrNoKey is returned by the key functions when a request carries nothing
+// to key it by (no such header, an unparsable address).
+var ErrNoKey = errors.New("httplimit: no rate-limit key in request")
+
+// Options configure Middleware.
+type Options struct {
+	// KeyFunc picks the bucket of a request. Defaults to KeyByIP(IPKeyConfig{}):
+	// the direct peer's address, trusting no proxy.
+	KeyFunc KeyFunc
+
+	// Cost is how many tokens a request takes. Defaults to 1 for every
+	// request.
+	Cost func(r *http.Request) int64
+
+	// FailOpen lets requests through, without rate-limit headers, when the
+	// limiter's database fails. Defaults to false: fail closed with 503
+	// Service Unavailable. Either way the error is logged.
+	FailOpen bool
+
+	// DeniedHandler answers a denied request, after the headers (including
+	// Retry-After) are set. Defaults to a 429 Too Many Requests with a short
+	// text body.
+	DeniedHandler http.Handler
+
+	// ErrorHandler answers a request that could not be checked: no key
+	// (KeyFunc's error), an invalid key or cost (pgratelimit's input errors),
+	// or, when failing closed, a database error. Defaults to 400 Bad Request
+	// for the request's own faults and 503 Service Unavailable for the
+	// database's.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+
+	// LegacyHeaders also sends X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (seconds until full). Defaults to false.
+	LegacyHeaders bool
+
+	// Logger receives database errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Middleware returns middleware that checks every request against l before
+// passing it on. See the package doc for headers, keys and failures.
+func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Handler {
+	if opts.KeyFunc == nil {
+		opts.KeyFunc = KeyByIP(IPKeyConfig{})
+	}
+	if opts.DeniedHandler == nil {
+		opts.DeniedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "429 too many requests: retry after "+w.Header().Get("Retry-After")+"s", http.StatusTooManyRequests)
+		})
+	}
+	if opts.ErrorHandler == nil {
+		opts.ErrorHandler = defaultErrorHandler
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	cfg := l.Config()
+	policy := fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), cfg.Capacity, window(cfg))
+	name := sfString(cfg.Prefix)
+
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, err := opts.KeyFunc(r)
+			if err != nil {
+				opts.ErrorHandler(w, r, err)
+				return
+			}
+			cost := int64(1)
+			if opts.Cost != nil {
+				cost = opts.Cost(r)
+			}
+			res, err := l.AllowN(r.Context(), key, cost)
+			if err != nil {
+				if isInputError(err) {
+					opts.ErrorHandler(w, r, err)
+					return
+				}
+				opts.Logger.ErrorContext(r.Context(), "httplimit: rate-limit check failed", "error", err, "fail_open", opts.FailOpen)
+				if opts.FailOpen {
+					next.ServeHTTP(w, r)
+				} else {
+					opts.ErrorHandler(w, r, err)
+				}
+				return
+			}
+			h := w.Header()
+			reset := ceilSeconds(res.ResetAfter)
+			h.Set("RateLimit-Policy", policy)
+			h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, res.Remaining, reset))
+			if opts.LegacyHeaders {
+				h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
+				h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
+				h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+			}
+			if !res.Allowed {
+				h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
+				opts.DeniedHandler.ServeHTTP(w, r)
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+func isInputError(err error) bool {
+	return errors.Is(err, pgratelimit.ErrInvalidKey) || errors.Is(err, pgratelimit.ErrInvalidCost) ||
+		errors.Is(err, pgratelimit.ErrCostExceedsCapacity)
+}
+
+func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, ErrNoKey) || isInputError(err) {
+		http.Error(w, "400 bad request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	http.Error(w, "503 service unavailable: rate limiter unavailable", http.StatusServiceUnavailable)
+}
+
+// window is the seconds an empty bucket takes to fill, rounded up.
+func window(cfg pgratelimit.Config) int64 {
+	refills := cfg.Capacity / cfg.Refill
+	if cfg.Capacity%cfg.Refill != 0 {
+		refills++
+	}
+	if refills > int64(time.Duration(1<<63-1)/cfg.Interval) {
+		return ceilSeconds(time.Duration(1<<63 - 1))
+	}
+	return ceilSeconds(time.Duration(refills) * cfg.Interval)
+}
+
+// ceilSeconds rounds d up to whole seconds: never earlier than the truth.
+func ceilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
+}
+
+// sfString encodes s as a Structured Field String (RFC 8941): printable
+// ASCII, with '"' and '\' escaped; other bytes become '?'.
+func sfString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// IPKeyConfig configures KeyByIP.
+type IPKeyConfig struct {
+	// TrustedProxies are the networks of your own proxies and load
+	// balancers. X-Forwarded-For is believed only when the direct peer is in
+	// one of them, and then read from the right, skipping trusted hops: the
+	// first untrusted address is the client. A client cannot spoof its way
+	// past this, since only what your proxies appended is read. Defaults to
+	// none: the direct peer is the client.
+	TrustedProxies []netip.Prefix
+
+	// IPv6Prefix, when > 0, keys IPv6 clients by their network of this many
+	// bits (64 groups a /64, which one subscriber typically holds) instead of
+	// by address. Defaults to 0: the whole address.
+	IPv6Prefix int
+}
+
+// KeyByIP keys requests by client IP address, as "ip:ADDRESS" (or
+// "ip:NETWORK/BITS" with IPv6Prefix).
+func KeyByIP(cfg IPKeyConfig) KeyFunc {
+	return func(r *http.Request) (string, error) {
+		ip, err := ClientIP(r, cfg.TrustedProxies)
+		if err != nil {
+			return "", err
+		}
+		if ip.Is6() && cfg.IPv6Prefix > 0 && cfg.IPv6Prefix < 128 {
+			p, err := ip.Prefix(cfg.IPv6Prefix)
+			if err != nil {
+				return "", fmt.Errorf("%w: %v", ErrNoKey, err)
+			}
+			return "ip:" + p.String(), nil
+		}
+		return "ip:" + ip.String(), nil
+	}
+}
+
+// ClientIP returns the address of the client that sent r: the direct peer,
+// or, when the peer is a trusted proxy, the rightmost address in
+// X-Forwarded-For that is not a trusted proxy. An entry that does not parse
+// stops the walk at the last trusted hop, which is then taken as the client.
+func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
+	peer, err := parseAddr(r.RemoteAddr)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%w: remote address %q", ErrNoKey, r.RemoteAddr)
+	}
+	isTrusted := func(a netip.Addr) bool {
+		for _, p := range trusted {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	client := peer
+	if !isTrusted(peer) {
+		return client, nil
+	}
+	var hops []string
+	for _, v := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(v, ",")...)
+	}
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := parseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			return client, nil
+		}
+		client = a
+		if !isTrusted(a) {
+			return client, nil
+		}
+	}
+	return client, nil
+}
+
+// parseAddr parses "ip", "ip:port" or "[ipv6]:port", unmapping IPv4-in-IPv6.
+func parseAddr(s string) (netip.Addr, error) {
+	if host, _, err := net.SplitHostPort(s); err == nil {
+		s = host
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return a.Unmap().WithZone(""), nil
+}
+
+// KeyByHeader keys requests by the value of header name (e.g. "X-API-Key"),
+// stored as "hdr:" and the value's SHA-256 in hex, so the secret itself is
+// never written to the database. A request without the header gets ErrNoKey.
+// To inspect such a bucket with the CLI, hash the value the same way:
+// printf %s "$KEY" | sha256sum.
+func KeyByHeader(name string) KeyFunc {
+	return func(r *http.Request) (string, error) {
+		v := r.Header.Get(name)
+		if v == "" {
+			return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, name)
+		}
+		sum := sha256.Sum256([]byte(v))
+		return "hdr:" + hex.EncodeToString(sum[:]), nil
+	}
+}

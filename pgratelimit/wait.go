@@ -1,0 +1,59 @@
+package pgratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// ErrWaitTooLong is returned by Wait and WaitN when the wait for enough
+// tokens would pass the context's deadline or Config.MaxWait. It is returned
+// at once, without sleeping.
+var ErrWaitTooLong = errors.New("pgratelimit: wait would exceed the deadline")
+
+// Wait is WaitN with cost 1.
+func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
+	return l.WaitN(ctx, key, 1)
+}
+
+// WaitN blocks until a check of cost is allowed, and returns its Result.
+// Between tries it sleeps the denied check's RetryAfter plus a little jitter
+// (other waiters on the same key may take the tokens first, so it can take
+// more than one try).
+//
+// When the wait a denied check reports would pass ctx's deadline, or
+// Config.MaxWait since WaitN was called, WaitN returns at once with
+// ErrWaitTooLong and the denied Result. When ctx ends while it sleeps, it
+// returns promptly with ctx's error. Errors of AllowN are returned as they
+// are.
+func (l *Limiter) WaitN(ctx context.Context, key string, cost int64) (Result, error) {
+	start := time.Now()
+	for {
+		r, err := l.AllowN(ctx, key, cost)
+		if err != nil || r.Allowed {
+			return r, err
+		}
+		wake := time.Now().Add(r.RetryAfter)
+		if dl, ok := ctx.Deadline(); ok && wake.After(dl) {
+			return r, fmt.Errorf("%w: %s needed, context deadline in %s", ErrWaitTooLong, r.RetryAfter, time.Until(dl).Round(time.Millisecond))
+		}
+		if l.maxWait > 0 && wake.Sub(start) > l.maxWait {
+			return r, fmt.Errorf("%w: %s needed, Config.MaxWait is %s", ErrWaitTooLong, wake.Sub(start).Round(time.Millisecond), l.maxWait)
+		}
+		// Jitter: up to a tenth of the wait, at most 50ms, so waiters woken
+		// by the same refill do not all retry at the same instant.
+		sleep := r.RetryAfter + time.Duration(rand.Int64N(int64(min(r.RetryAfter/10, 50*time.Millisecond))+1))
+		if dl, ok := ctx.Deadline(); ok && time.Now().Add(sleep).After(dl) {
+			sleep = time.Until(dl)
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return r, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
