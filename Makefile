@@ -10,6 +10,9 @@ FUZZLONG ?= 5m
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
+demo: ## Serve a rate-limited HTTP app on 127.0.0.1:8080 and show 200s then 429s (DATABASE_URL, else a throwaway PostgreSQL).
+	$(GO) run ./cmd/pgratelimit demo $(DEMOFLAGS)
+
 test: lint ## Everything: vet, staticcheck, unit and integration tests with -race, a short fuzz run.
 	$(GO) test -race -count=1 ./...
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
@@ -25,4 +28,4 @@ fuzz: ## Fuzz the refill math for longer (FUZZLONG=5m).
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
 	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./integration_test/
 
-.PHONY: help test lint fuzz bench
+.PHONY: help demo test lint fuzz bench

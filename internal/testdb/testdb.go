@@ -9,6 +9,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"testing"
@@ -124,6 +125,19 @@ func newEmptySchema(t testing.TB) *Schema {
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = name
 	return &Schema{Name: name, Config: cfg}
+}
+
+// URL is a connection URL whose search_path is the schema.
+func (s *Schema) URL(t testing.TB) string {
+	t.Helper()
+	u, err := url.Parse(Instance(t).URL)
+	if err != nil {
+		t.Fatalf("parsing the test database URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("search_path", s.Name)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // Pool opens a pool on the schema, closed when the test ends. maxConns 0

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
+	"github.com/pgratelimit/pgratelimit/migrations"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
+)
+
+// runDemo serves a small app behind the middleware (burst 5, 1 token per
+// second per client IP), sends it seven requests, prints what came back, and
+// keeps serving until interrupted (or exits with --once).
+func runDemo(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "demo")
+	addr := f.String("addr", "127.0.0.1:8080", "address to serve on")
+	once := f.Bool("once", false, "exit after the seven requests")
+	if _, err := f.parse(args, 0, 0); err != nil {
+		return f.fail(err)
+	}
+	if err := demo(ctx, c, f, *addr, *once); err != nil {
+		return f.fail(err)
+	}
+	return exitOK
+}
+
+func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
+	u := f.databaseURL
+	if u == "" {
+		u = c.getenv("DATABASE_URL")
+	}
+	if u == "" {
+		fmt.Fprintln(c.stdout, "No DATABASE_URL: starting a throwaway PostgreSQL...")
+		in, err := pglaunch.Start(ctx, pglaunch.Options{})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := in.Close(sctx); err != nil {
+				fmt.Fprintln(c.stderr, "stopping the throwaway PostgreSQL:", err)
+			} else if in.Source != "env" {
+				fmt.Fprintln(c.stdout, "Stopped and removed the throwaway PostgreSQL.")
+			}
+		}()
+		fmt.Fprintf(c.stdout, "Started PostgreSQL (%s).\n", in.Source)
+		u = in.URL
+	}
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		return fmt.Errorf("database URL: %w", err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	err = migrations.Up(ctx, db)
+	db.Close()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, "Migrations applied.")
+
+	l, err := pgratelimit.New(pool, pgratelimit.Config{
+		Prefix: "demo", Capacity: 5, Refill: 1, Interval: time.Second, Storage: pgratelimit.Ephemeral,
+	})
+	if err != nil {
+		return err
+	}
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "hello from behind the rate limiter")
+	})
+	handler := httplimit.Middleware(l, httplimit.Options{
+		Logger: slog.New(slog.NewTextHandler(c.stderr, nil)),
+	})(app)
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s (choose another with --addr): %w", addr, err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	base := "http://" + ln.Addr().String() + "/"
+	fmt.Fprintf(c.stdout, "Serving %s: burst of 5, then 1 request per second per client IP.\n\n", base)
+
+	// A re-run against the same database starts with a full bucket.
+	host, _, _ := net.SplitHostPort(ln.Addr().String())
+	if err := l.Reset(ctx, "ip:"+host); err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	var policy string
+	for i := 1; i <= 7; i++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		policy = resp.Header.Get("RateLimit-Policy")
+		line := fmt.Sprintf("request %d: %d %-17s RateLimit: %s", i, resp.StatusCode, http.StatusText(resp.StatusCode), resp.Header.Get("RateLimit"))
+		if ra := resp.Header.Get("Retry-After"); ra != "" {
+			line += "  Retry-After: " + ra
+		}
+		fmt.Fprintln(c.stdout, line)
+	}
+	fmt.Fprintf(c.stdout, "\nRateLimit-Policy: %s  (quota 5, refilled from empty in 5s)\n", policy)
+	if once {
+		return nil
+	}
+	fmt.Fprintf(c.stdout, "\nTry it by hand:  curl -i %s\nCtrl-C to stop.\n", base)
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(c.stdout, "\nStopping.")
+		return nil
+	case err := <-served:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
