@@ -454,4 +454,3 @@ func runCleanup(ctx context.Context, c *cli, args []string) int {
 	}
 	return exitOK
 }
-
