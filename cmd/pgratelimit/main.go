@@ -311,7 +311,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 	}
 	n, err := strconv.ParseInt(pos[1], 10, 64)
 	if err != nil {
-		return f.fail(fmt.Errorf("N must be a whole number: %w", err))
+		return f.fail(fmt.Errorf("refund amount must be a whole number: %w", err))
 	}
 	l, done, err := f.limiter(ctx)
 	if err != nil {

@@ -96,7 +96,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"allow", "k", "--capacity", "0"}, "Capacity"},
 		{[]string{"allow", "k", "--storage", "floppy"}, "--storage"},
 		{[]string{"allow", ""}, "invalid key"},
-		{[]string{"refund", "k", "x"}, "whole number"},
+		{[]string{"refund", "k", "x"}, "must be a whole number"},
 		{[]string{"migrate", "sideways"}, "unknown migrate action"},
 		{[]string{"bench"}, "not yet"},
 	} {
