@@ -13,8 +13,9 @@ help: ## List the targets.
 demo: ## Serve a rate-limited HTTP app on 127.0.0.1:8080 and show 200s then 429s (DATABASE_URL, else a throwaway PostgreSQL).
 	$(GO) run ./cmd/pgratelimit demo $(DEMOFLAGS)
 
-test: lint ## Everything: vet, staticcheck, unit and integration tests with -race, a short fuzz run.
+test: lint ## Everything: vet, staticcheck, all tests with -race (integration in both modes), a short fuzz run.
 	$(GO) test -race -count=1 ./...
+	PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./integration_test/
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
 
 lint: ## gofmt, go vet and staticcheck.

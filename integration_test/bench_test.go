@@ -20,7 +20,7 @@ func BenchmarkAllowN(b *testing.B) {
 		for _, keys := range []int{10000, 1} {
 			b.Run(storage.String()+"/keys="+strconv.Itoa(keys), func(b *testing.B) {
 				s := testdb.NewSchema(b)
-				l, err := pgratelimit.New(s.Pool(b, 32), pgratelimit.Config{
+				l, err := newLimiterOn(s.Pool(b, 32), pgratelimit.Config{
 					Prefix: "bench", Capacity: 1 << 40, Refill: 1, Interval: time.Hour, Storage: storage,
 				})
 				if err != nil {

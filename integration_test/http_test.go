@@ -100,7 +100,7 @@ func TestMiddlewareForwardedFor(t *testing.T) {
 func TestMiddlewareCostAndKeys(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "upload", Capacity: 10, Refill: 1, Interval: time.Hour})
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "upload", Capacity: 10, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
 	h := httplimit.Middleware(l, httplimit.Options{
 		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
@@ -143,7 +143,7 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	pool, err := pgxpool.New(ctx, in.URL+"&connect_timeout=2")
 	require.NoError(t, err)
 	defer pool.Close()
-	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "down", Capacity: 5, Refill: 1, Interval: time.Second})
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "down", Capacity: 5, Refill: 1, Interval: time.Second})
 	require.NoError(t, err)
 	require.NoError(t, in.Close(ctx)) // the database is gone
 

@@ -39,13 +39,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := validConfig
 			tc.edit(&cfg)
-			l, err := pgratelimit.New(pool, cfg)
+			l, err := newLimiterOn(pool, cfg)
 			require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 			require.ErrorContains(t, err, tc.field)
 			require.Nil(t, l)
 		})
 	}
-	_, err := pgratelimit.New(nil, validConfig)
+	_, err := newLimiterOn(nil, validConfig)
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 }
 
@@ -64,7 +64,7 @@ func unreachablePool(t *testing.T) *pgxpool.Pool {
 func TestBadInputNeverReachesTheDatabase(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l, err := pgratelimit.New(unreachablePool(t), validConfig)
+	l, err := newLimiterOn(unreachablePool(t), validConfig)
 	require.NoError(t, err)
 
 	badKeys := map[string]string{
@@ -112,7 +112,7 @@ func TestHostileKeysAreJustKeys(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
-	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "'; DROP TABLE x; --", Capacity: 2, Refill: 1, Interval: time.Hour})
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "'; DROP TABLE x; --", Capacity: 2, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
 	keys := []string{
 		"'; DROP TABLE pgratelimit_buckets; --",
@@ -152,7 +152,7 @@ func TestNotMigrated(t *testing.T) {
 	for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
 		cfg := validConfig
 		cfg.Storage = storage
-		l, err := pgratelimit.New(pool, cfg)
+		l, err := newLimiterOn(pool, cfg)
 		require.NoError(t, err)
 		_, err = l.Allow(ctx, "k")
 		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)

@@ -3,6 +3,7 @@
 package integration
 
 import (
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -52,7 +53,17 @@ func newPool(t *testing.T) *pgxpool.Pool {
 
 func newLimiter(t *testing.T, cfg pgratelimit.Config) *pgratelimit.Limiter {
 	t.Helper()
-	l, err := pgratelimit.New(testdb.Pool(t), cfg)
+	l, err := newLimiterOn(testdb.Pool(t), cfg)
 	require.NoError(t, err)
 	return l
+}
+
+// perCheck is set by PGRATELIMIT_TEST_MODE=per-check: the suite then runs
+// with coalescing off. make test runs it both ways.
+var perCheck = os.Getenv("PGRATELIMIT_TEST_MODE") == "per-check"
+
+// newLimiterOn is pgratelimit.New in the suite's mode.
+func newLimiterOn(pool *pgxpool.Pool, cfg pgratelimit.Config) (*pgratelimit.Limiter, error) {
+	cfg.DisableCoalescing = cfg.DisableCoalescing || perCheck
+	return pgratelimit.New(pool, cfg)
 }

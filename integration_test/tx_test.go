@@ -15,7 +15,7 @@ func TestAllowNTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
-	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "credits", Capacity: 100, Refill: 1, Interval: time.Hour})
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "credits", Capacity: 100, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, `CREATE TABLE uploads (id bigserial PRIMARY KEY, owner text NOT NULL)`)
 	require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestAllowNTxHoldsLockUntilCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
-	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "lock", Capacity: 10, Refill: 1, Interval: time.Hour})
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "lock", Capacity: 10, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
 
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{})
