@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Coalescing: when checks arrive through one Limiter faster than its
@@ -236,6 +235,9 @@ func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upse
 	}
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
+	// Plan the array statements for each batch's keys: a generic plan,
+	// cached per connection from when the table was small, can scan it.
+	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
 	if upsert {
 		b.Queue(l.sql.relockMany, l.prefix, keys, l.p.capacity, now, horizons).Query(scan)
 	} else {
@@ -283,10 +285,3 @@ func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upse
 	return q.SendBatch(ctx, b).Close()
 }
 
-// coalesceSlots is how many transactions a coalescing Limiter runs at once:
-// half the pool's connections (leaving the rest to the application), at
-// least 1 and at most 8. More slots make smaller batches; past the database's
-// cores they only add lock waits.
-func coalesceSlots(pool interface{ Config() *pgxpool.Config }) int {
-	return min(max(int(pool.Config().MaxConns)/2, 1), 8)
-}

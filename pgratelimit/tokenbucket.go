@@ -93,6 +93,15 @@ type Config struct {
 	// AllowNTx never coalesces. Defaults to false: coalescing on.
 	DisableCoalescing bool
 
+	// CoalesceConns is how many transactions (so pool connections) a
+	// coalescing Limiter runs at once; checks beyond them queue and go in
+	// the next batches. Fewer means bigger batches; more lets a database
+	// with cores to spare work on several batches at once (checks of one
+	// hot key gain nothing: they queue on its row lock). Capped at the
+	// pool's MaxConns. Defaults to 2, the best measured on a 2-core server
+	// (see README, Performance).
+	CoalesceConns int
+
 	// MaxWait bounds how long Wait and WaitN may block in all; a wait that
 	// would take longer returns ErrWaitTooLong at once. Defaults to 0: only
 	// the context's deadline bounds it.
@@ -121,6 +130,9 @@ func (c Config) validate() error {
 	}
 	if c.Interval%time.Microsecond != 0 {
 		return bad("Interval must be a whole number of microseconds, got %s", c.Interval)
+	}
+	if c.CoalesceConns < 0 {
+		return bad("CoalesceConns must be >= 0, got %d", c.CoalesceConns)
 	}
 	if c.MaxWait < 0 {
 		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
@@ -199,7 +211,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		sql:     newQueries(cfg.Storage.table()),
 	}
 	if !cfg.DisableCoalescing {
-		l.co = newCoalescer(l, coalesceSlots(pool), defaultMaxBatch)
+		conns := cfg.CoalesceConns
+		if conns == 0 {
+			conns = 2
+		}
+		l.co = newCoalescer(l, min(conns, int(pool.Config().MaxConns)), defaultMaxBatch)
 	}
 	return l, nil
 }

@@ -2,13 +2,259 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgratelimit/pgratelimit/migrations"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-func runBench(_ context.Context, c *cli, args []string) int {
+// runBench is a load generator: --concurrency workers check keys drawn
+// uniformly from --keys for --duration, in a scratch schema it creates and
+// drops, then it reports throughput, latency, an exactness audit and the
+// HOT-update ratio.
+func runBench(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "bench")
+	conc := f.Int("concurrency", 64, "checks in flight")
+	keys := f.Int("keys", 10000, "distinct keys, drawn uniformly (1: one hot key)")
+	duration := f.Duration("duration", 10*time.Second, "how long to run")
+	cost := f.Int64("cost", 1, "tokens per check")
+	storage := f.String("storage", "durable", "durable or ephemeral")
+	mode := f.String("mode", "coalesce", "coalesce (the default) or per-check")
+	capacity := f.Int64("capacity", 1<<40, "bucket capacity (the default never denies; set a small one to exercise the audit)")
+	refill := f.Int64("refill", 1, "tokens per interval")
+	interval := f.Duration("interval", time.Second, "refill interval")
+	conns := f.Int("conns", 0, "pool connections (default: --concurrency, at most 200)")
+	coalesceConns := f.Int("coalesce-conns", 0, "Config.CoalesceConns (default: the library's)")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
-	return f.fail(fmt.Errorf("not yet: the load generator is not built yet (see the performance issue)"))
+	if *conc < 1 || *keys < 1 || *duration <= 0 {
+		return f.fail(errors.New("--concurrency, --keys and --duration must be positive"))
+	}
+	if *mode != "coalesce" && *mode != "per-check" {
+		return f.fail(fmt.Errorf("--mode must be coalesce or per-check, got %q", *mode))
+	}
+	f.storage = *storage
+	cfg, err := f.config()
+	if err != nil {
+		return f.fail(err)
+	}
+	cfg.Prefix, cfg.Capacity, cfg.Refill, cfg.Interval = "bench", *capacity, *refill, *interval
+	cfg.DisableCoalescing = *mode == "per-check"
+	cfg.CoalesceConns = *coalesceConns
+	if *conns == 0 {
+		*conns = min(*conc, 200)
+	}
+	u, err := f.url()
+	if err != nil {
+		return f.fail(err)
+	}
+	rep, err := bench(ctx, c, u, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns})
+	if err != nil {
+		return f.fail(err)
+	}
+	rep.Contender = fmt.Sprintf("ours-%s-%s", *mode, *storage)
+	out := c.stdout
+	if f.json {
+		out = c.stderr
+	}
+	fmt.Fprintf(out, "%s: %d in flight, %d keys, %s, cost %d\n", rep.Contender, rep.Conc, rep.Keys, *duration, *cost)
+	fmt.Fprintf(out, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", rep.ChecksPerSec, rep.P50ms, rep.P99ms, rep.MaxMs)
+	fmt.Fprintf(out, "  allowed %d   denied %d   errors %d\n", rep.Allowed, rep.Denied, rep.Errors)
+	fmt.Fprintf(out, "  audit: %s\n", rep.Audit)
+	fmt.Fprintf(out, "  HOT updates: %.1f%% of %d\n", 100*rep.HotRatio, rep.Updates)
+	if f.json {
+		f.printJSON(rep)
+	}
+	if rep.Audit != "ok" {
+		return exitError
+	}
+	return exitOK
+}
+
+type benchRun struct {
+	conc, keys, conns int
+	duration          time.Duration
+	cost              int64
+}
+
+type benchReport struct {
+	Contender    string  `json:"contender"`
+	Conc         int     `json:"conc"`
+	Keys         int     `json:"keys"`
+	Secs         float64 `json:"secs"`
+	ChecksPerSec float64 `json:"checks_per_sec"`
+	P50ms        float64 `json:"p50_ms"`
+	P99ms        float64 `json:"p99_ms"`
+	MaxMs        float64 `json:"max_ms"`
+	Allowed      int64   `json:"allowed"`
+	Denied       int64   `json:"denied"`
+	Errors       int64   `json:"errors"`
+	Audit        string  `json:"audit"`
+	HotRatio     float64 `json:"hot_update_ratio"`
+	Updates      int64   `json:"updates"`
+}
+
+func bench(ctx context.Context, c *cli, url string, cfg pgratelimit.Config, run benchRun) (rep benchReport, err error) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	schema := "pgratelimit_bench_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return rep, err
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return rep, fmt.Errorf("creating scratch schema: %w", err)
+	}
+	defer func() {
+		_, derr := admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		if err == nil && derr != nil {
+			err = fmt.Errorf("dropping scratch schema: %w", derr)
+		}
+	}()
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return rep, err
+	}
+	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pcfg.MaxConns = int32(run.conns)
+	db := stdlib.OpenDB(*pcfg.ConnConfig)
+	err = migrations.Up(ctx, db)
+	db.Close()
+	if err != nil {
+		return rep, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return rep, err
+	}
+	l, err := pgratelimit.New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return rep, err
+	}
+
+	keyNames := make([]string, run.keys)
+	for i := range keyNames {
+		keyNames[i] = "key-" + strconv.Itoa(i)
+	}
+	allowedCost := make([]atomic.Int64, run.keys)
+	var allowed, denied, errs atomic.Int64
+	var firstErr atomic.Value
+	lat := make([][]time.Duration, run.conc)
+
+	start := time.Now()
+	end := start.Add(run.duration)
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	var wg sync.WaitGroup
+	for w := range run.conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			mine := make([]time.Duration, 0, 1<<14)
+			for runCtx.Err() == nil {
+				k := rng.IntN(run.keys)
+				t0 := time.Now()
+				r, err := l.AllowN(runCtx, keyNames[k], run.cost)
+				if err != nil {
+					if runCtx.Err() != nil || !time.Now().Before(end) {
+						break // the run ended mid-check: not an error of the limiter
+					}
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				mine = append(mine, time.Since(t0))
+				if r.Allowed {
+					allowed.Add(1)
+					allowedCost[k].Add(run.cost)
+				} else {
+					denied.Add(1)
+				}
+			}
+			lat[w] = mine
+		}()
+	}
+	// Progress, once a second.
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		var last int64
+		for {
+			select {
+			case <-done:
+				fmt.Fprint(c.stderr, "\r\033[K")
+				return
+			case <-t.C:
+				n := allowed.Load() + denied.Load()
+				fmt.Fprintf(c.stderr, "\r\033[K%5.0fs  %8d checks/s  allowed %d  denied %d  errors %d",
+					time.Since(start).Seconds(), n-last, allowed.Load(), denied.Load(), errs.Load())
+				last = n
+			}
+		}
+	}()
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(done)
+	pool.Close() // backends exit and flush their statistics
+
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) / 1000
+	}
+	rep = benchReport{
+		Conc: run.conc, Keys: run.keys, Secs: math.Round(run.duration.Seconds()*10) / 10,
+		ChecksPerSec: math.Round(float64(len(all)) / elapsed.Seconds()),
+		P50ms:        pct(0.50), P99ms: pct(0.99), MaxMs: pct(1),
+		Allowed: allowed.Load(), Denied: denied.Load(), Errors: errs.Load(), Audit: "ok",
+	}
+	if e := firstErr.Load(); e != nil {
+		fmt.Fprintf(c.stderr, "first error: %s\n", e)
+	}
+	// Exactness: no key may have been given more than a bucket allows in the
+	// elapsed time (Capacity plus every refill, one more for the edges).
+	bound := cfg.Capacity
+	if refills := int64(elapsed/cfg.Interval) + 1; refills < (math.MaxInt64-cfg.Capacity)/cfg.Refill {
+		bound = cfg.Capacity + refills*cfg.Refill
+	}
+	for k := range allowedCost {
+		if got := allowedCost[k].Load(); got > bound {
+			rep.Audit = fmt.Sprintf("FAILED: %s was allowed %d tokens, more than the %d a bucket allows in %s", keyNames[k], got, bound, elapsed.Round(time.Millisecond))
+			break
+		}
+	}
+	// HOT updates of the run's table.
+	time.Sleep(700 * time.Millisecond) // statistics of exited backends arrive shortly
+	table := pgratelimit.DurableTable
+	if cfg.Storage == pgratelimit.Ephemeral {
+		table = pgratelimit.EphemeralTable
+	}
+	var upd, hot int64
+	if err := admin.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
+		schema, table).Scan(&upd, &hot); err == nil && upd > 0 {
+		rep.Updates, rep.HotRatio = upd, math.Round(1000*float64(hot)/float64(upd))/1000
+	}
+	return rep, nil
 }

@@ -98,7 +98,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"allow", ""}, "invalid key"},
 		{[]string{"refund", "k", "x"}, "must be a whole number"},
 		{[]string{"migrate", "sideways"}, "unknown migrate action"},
-		{[]string{"bench"}, "not yet"},
+		{[]string{"bench", "--mode", "turbo"}, "--mode must be"},
 	} {
 		// The URL points nowhere: none of these may reach a database.
 		code, _, stderr := pgrl("postgres://nobody@127.0.0.1:1/x?connect_timeout=1", tc.args...)
