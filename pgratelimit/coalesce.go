@@ -284,4 +284,3 @@ func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upse
 	b.Queue("COMMIT")
 	return q.SendBatch(ctx, b).Close()
 }
-
