@@ -36,6 +36,15 @@
 // AllowNTx runs the same statements inside the caller's transaction, so
 // tokens are spent only if the caller's own write commits.
 //
+// # Coalescing
+//
+// By default, checks that arrive through one Limiter while its transactions
+// are busy wait and are then decided together in one transaction of the same
+// shape: the distinct keys inserted and locked in key order, every check
+// decided in Go in arrival order, one UPDATE. Results are exactly those of
+// the checks run one by one in that order; throughput rises several times,
+// most on hot keys. See Config.DisableCoalescing and Config.CoalesceConns.
+//
 // # Time
 //
 // By default the time is the database's clock_timestamp(), read after the row

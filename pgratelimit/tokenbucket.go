@@ -277,9 +277,15 @@ FROM COALESCE($4::timestamptz, now()) n, unnest($2::text[], $5::interval[]) WITH
 ORDER BY k.i
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
 RETURNING b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
-		updateMany: `UPDATE ` + t + ` AS b SET tokens = v.tokens, refilled_at = v.refilled_at, expires_at = v.expires_at
-FROM unnest($2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[]) AS v(key, tokens, refilled_at, expires_at)
-WHERE b.prefix = $1 AND b.key = v.key`,
+		// Values are looked up by position rather than joined from
+		// unnest: the statement's only plan is then the primary key index
+		// scan, even as a generic plan cached while the table was empty
+		// (the join's was a hash join over every row of the prefix).
+		updateMany: `UPDATE ` + t + ` AS b SET
+    tokens      = ($3::bigint[])[array_position($2::text[], b.key::text)],
+    refilled_at = ($4::timestamptz[])[array_position($2::text[], b.key::text)],
+    expires_at  = ($5::timestamptz[])[array_position($2::text[], b.key::text)]
+WHERE b.prefix = $1 AND b.key = ANY($2::text[])`,
 	}
 }
 
