@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -259,7 +260,9 @@ func TestTwoCleaners(t *testing.T) {
 
 	var deleted int64
 	for _, st := range stats {
-		require.NoError(t, st.Err)
+		if !errors.Is(st.Err, context.Canceled) { // a run cut short by cancel reports what it did
+			require.NoError(t, st.Err)
+		}
 		deleted += st.Deleted
 	}
 	require.Equal(t, int64(20000), deleted)

@@ -165,8 +165,9 @@ type CleanerConfig struct {
 	// Info, or Warn for a failed run. Defaults to nil: discard.
 	Logger *slog.Logger
 
-	// OnRun, when set, is called after every run, e.g. to export metrics.
-	// It runs on the Cleaner's goroutine: keep it quick.
+	// OnRun, when set, is called after every run, e.g. to export metrics,
+	// including a run cut short by Run's context (its Err is then the
+	// context's). It runs on the Cleaner's goroutine: keep it quick.
 	OnRun func(CleanupStats)
 }
 
@@ -218,11 +219,11 @@ func (c *Cleaner) Run(ctx context.Context) error {
 		case <-timer.C:
 		}
 		st := c.RunOnce(ctx)
+		if c.cfg.OnRun != nil {
+			c.cfg.OnRun(st) // also for a run cut short: its deletions happened
+		}
 		if ctx.Err() != nil {
 			return nil
-		}
-		if c.cfg.OnRun != nil {
-			c.cfg.OnRun(st)
 		}
 		jitter := time.Duration(rand.Int64N(int64(c.cfg.Interval)/10 + 1))
 		timer.Reset(c.cfg.Interval + jitter)
