@@ -24,9 +24,10 @@ import (
 // Rows are locked in key order, so batches cannot deadlock each other. A
 // batch forms only from checks that queued while other batches ran: there is
 // no timer, and a check that finds a free slot runs alone on the per-check
-// path at once. No goroutine runs in the background: when a batch ends, its
-// slot is handed to the first queued check, which takes the queue's head as
-// the next batch.
+// path at once. No goroutine runs while the limiter is idle: when a batch
+// ends, its slot is handed to the first queued check, which starts the
+// queue's head as the next batch on a goroutine of its own. Every caller
+// waits for its own result or its own context, whichever comes first.
 
 const (
 	defaultMaxBatch = 256
@@ -40,8 +41,8 @@ type pendingState int
 
 const (
 	queued  pendingState = iota // in c.queue
-	leading                     // handed a slot; runs the next batch
-	taken                       // in a batch that another check runs
+	leading                     // handed a slot; starts the next batch
+	taken                       // in a batch
 )
 
 type pending struct {
@@ -88,28 +89,30 @@ func (c *coalescer) allowN(ctx context.Context, key string, cost int64) (Result,
 	c.queue = append(c.queue, p)
 	c.mu.Unlock()
 
-	select {
-	case <-p.lead:
-		c.lead(p)
-	case <-p.done:
-	case <-ctx.Done():
-		c.mu.Lock()
-		if p.state == queued {
-			c.queue = slices.DeleteFunc(c.queue, func(q *pending) bool { return q == p })
+	lead := p.lead
+	for {
+		select {
+		case <-lead:
+			c.lead(p)
+			lead = nil // keep waiting for the result
+		case <-p.done:
+			return p.res, p.err
+		case <-ctx.Done():
+			c.mu.Lock()
+			state := p.state
+			if state == queued {
+				c.queue = slices.DeleteFunc(c.queue, func(q *pending) bool { return q == p })
+			}
 			c.mu.Unlock()
+			if state == leading {
+				c.lead(p) // handed a slot: start the batch for the others
+			}
+			// Queued: nothing was spent. In a batch: it skips checks whose
+			// context ended before it decided, so at worst tokens are spent
+			// without being reported, never reported without being spent.
 			return Result{}, ctx.Err()
 		}
-		c.mu.Unlock()
-		// Already in a batch: its result (or error) is coming, and it is
-		// the truth about whether the tokens were spent.
-		select {
-		case <-p.lead:
-			c.lead(p)
-		case <-p.done:
-		}
 	}
-	<-p.done
-	return p.res, p.err
 }
 
 // release frees a slot, or hands it to the first queued check.
@@ -126,9 +129,12 @@ func (c *coalescer) release() {
 	close(next.lead)
 }
 
-// lead runs the batch that p heads: p plus the queue's head.
+// lead starts the batch that p heads (p plus the queue's head) on a
+// goroutine of its own, which hands the slot on when it ends; the members,
+// p among them, wait for their results or their contexts.
 func (c *coalescer) lead(p *pending) {
 	c.mu.Lock()
+	p.state = taken
 	n := min(len(c.queue), c.maxBatch-1)
 	batch := make([]*pending, 0, n+1)
 	batch = append(batch, p)
@@ -139,13 +145,15 @@ func (c *coalescer) lead(p *pending) {
 	c.queue = slices.Delete(c.queue, 0, n)
 	c.mu.Unlock()
 
-	if len(batch) == 1 {
-		p.res, p.err = c.l.allowOne(p.ctx, p.key, p.cost)
-		close(p.done)
-	} else {
-		c.l.runBatch(batch)
-	}
-	c.release()
+	go func() {
+		if len(batch) == 1 {
+			p.res, p.err = c.l.allowOne(p.ctx, p.key, p.cost)
+			close(p.done)
+		} else {
+			c.l.runBatch(batch)
+		}
+		c.release()
+	}()
 }
 
 // batchContext is the context a batch runs in: it is not cancelled when one
@@ -239,6 +247,7 @@ func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upse
 	// faster than the generic plans a connection caches (built while the
 	// table was small, and costed for arrays of unknown size).
 	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
+	l.queueSettings(b)
 	if upsert {
 		b.Queue(l.sql.relockMany, l.prefix, keys, l.p.capacity, now, horizons).Query(scan)
 	} else {

@@ -99,6 +99,52 @@ func TestCoalescerCancel(t *testing.T) {
 	co.busy = 0
 	co.mu.Unlock()
 
+	// Handed a slot just as its context ends: the batch still starts for
+	// the others, and the slot comes back.
+	co.mu.Lock()
+	co.busy = co.maxSlots
+	co.mu.Unlock()
+	lctx, lcancel := context.WithCancel(ctx)
+	other := make(chan Result)
+	go func() {
+		r, err := l.AllowN(ctx, "other", 1)
+		if err != nil {
+			t.Errorf("other: %v", err)
+		}
+		other <- r
+	}()
+	go func() {
+		_, err := l.AllowN(lctx, "k", 1)
+		ret <- err
+	}()
+	for {
+		co.mu.Lock()
+		n := len(co.queue)
+		co.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	lcancel()
+	<-ret
+	co.release() // the slot goes to the first queued check
+	if r := <-other; !r.Allowed {
+		t.Fatalf("other check: %+v", r)
+	}
+	for {
+		co.mu.Lock()
+		busy := co.busy
+		co.mu.Unlock()
+		if busy == co.maxSlots-1 {
+			break // every slot but the one we hold came back
+		}
+		time.Sleep(time.Millisecond)
+	}
+	co.mu.Lock()
+	co.busy = 0
+	co.mu.Unlock()
+
 	// In a batch: the cancelled member gets ctx's error and takes nothing.
 	dead, cancelDead := context.WithCancel(ctx)
 	cancelDead()

@@ -29,6 +29,11 @@ var (
 	// access rather than denied forever.
 	ErrCostExceedsCapacity = errors.New("pgratelimit: cost exceeds capacity")
 
+	// ErrLockTimeout is returned when a check waited longer than
+	// Config.LockTimeout for its bucket's row lock. Nothing was spent: the
+	// check can be retried.
+	ErrLockTimeout = errors.New("pgratelimit: timed out waiting for the bucket's row lock (Config.LockTimeout)")
+
 	// ErrNotMigrated is returned when the bucket tables do not exist in the
 	// database the pool connects to. Apply the migrations (package migrations,
 	// or the CLI's "migrate up") first.
@@ -82,8 +87,13 @@ func (p policy) validateCost(cost int64) error {
 // wrapping the original), everything else is wrapped with what was being done.
 func dbError(op string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable {
-		return fmt.Errorf("%w: %s: %w", ErrNotMigrated, op, err)
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case pgerrcode.UndefinedTable:
+			return fmt.Errorf("%w: %s: %w", ErrNotMigrated, op, err)
+		case pgerrcode.LockNotAvailable:
+			return fmt.Errorf("%w: %s: %w", ErrLockTimeout, op, err)
+		}
 	}
 	return fmt.Errorf("pgratelimit: %s: %w", op, err)
 }

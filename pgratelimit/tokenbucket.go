@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -102,6 +103,24 @@ type Config struct {
 	// (see README, Performance).
 	CoalesceConns int
 
+	// LockTimeout bounds how long a check waits for its bucket's row lock
+	// (SET LOCAL lock_timeout) when other checks or transactions hold it:
+	// past it the check fails with ErrLockTimeout, which is safe to retry,
+	// instead of queueing on a hot key. It applies to the limiter's own
+	// transactions, not to AllowNTx (set lock_timeout in your transaction
+	// for that). Must be a whole number of milliseconds. Defaults to 0: wait
+	// as long as the context allows.
+	LockTimeout time.Duration
+
+	// AsyncCommit commits the limiter's own transactions with SET LOCAL
+	// synchronous_commit = off: the check does not wait for its commit to be
+	// flushed to disk or replicated. Checks get cheaper, but after a crash of
+	// the database the last moments of spent tokens (up to three times
+	// wal_writer_delay, 600ms by default) may be forgotten, as if refunded.
+	// Meant for Ephemeral storage, where a crash forgets every bucket anyway;
+	// not for credits. Defaults to false.
+	AsyncCommit bool
+
 	// MaxWait bounds how long Wait and WaitN may block in all; a wait that
 	// would take longer returns ErrWaitTooLong at once. Defaults to 0: only
 	// the context's deadline bounds it.
@@ -133,6 +152,9 @@ func (c Config) validate() error {
 	}
 	if c.CoalesceConns < 0 {
 		return bad("CoalesceConns must be >= 0, got %d", c.CoalesceConns)
+	}
+	if c.LockTimeout < 0 || c.LockTimeout%time.Millisecond != 0 {
+		return bad("LockTimeout must be >= 0 and a whole number of milliseconds, got %s", c.LockTimeout)
 	}
 	if c.MaxWait < 0 {
 		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
@@ -183,6 +205,9 @@ type Limiter struct {
 	log     *slog.Logger
 	sql     queries
 	co      *coalescer // nil when Config.DisableCoalescing
+	// settings are the transaction-local settings of the limiter's own
+	// transactions (LockTimeout, AsyncCommit), as set_config arguments.
+	settings []any
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -209,6 +234,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		maxWait: cfg.MaxWait,
 		log:     log,
 		sql:     newQueries(cfg.Storage.table()),
+	}
+	if cfg.LockTimeout > 0 {
+		l.settings = append(l.settings, "lock_timeout", strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10)+"ms")
+	}
+	if cfg.AsyncCommit {
+		l.settings = append(l.settings, "synchronous_commit", "off")
 	}
 	if !cfg.DisableCoalescing {
 		conns := cfg.CoalesceConns
@@ -433,6 +464,7 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, co
 	batch := &pgx.Batch{}
 	if own {
 		batch.Queue("BEGIN")
+		l.queueSettings(batch)
 	}
 	batch.Queue(l.sql.insert, l.prefix, key, l.p.capacity, now, horizon)
 	batch.Queue(l.sql.lock, l.prefix, key, now).QueryRow(scan)
@@ -471,6 +503,17 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, co
 		}
 	}
 	return res, nil
+}
+
+// queueSettings queues the SET LOCALs of the limiter's own transactions, as
+// one parameterized set_config statement, right after BEGIN.
+func (l *Limiter) queueSettings(b *pgx.Batch) {
+	switch len(l.settings) {
+	case 2:
+		b.Queue(`SELECT set_config($1, $2, true)`, l.settings...)
+	case 4:
+		b.Queue(`SELECT set_config($1, $2, true), set_config($3, $4, true)`, l.settings...)
+	}
 }
 
 // maxTries bounds the tries of a transaction of our own that PostgreSQL

@@ -206,6 +206,7 @@ func (r runAs) run(ctx context.Context, name string, args ...string) error {
 	cmd.Dir = os.TempDir()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.WaitDelay = 10 * time.Second // a child that keeps the output open must not hang us
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(out.String()))
 	}
@@ -219,6 +220,13 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// StartLocal starts a throwaway cluster with the installed server binaries
+// only (no environment, no Docker): for tests that stop, restart or crash
+// their server.
+func StartLocal(ctx context.Context, opts Options) (*Instance, error) {
+	return startLocal(ctx, opts)
 }
 
 // startLocal makes a throwaway cluster in a temporary directory, with fsync
@@ -294,5 +302,8 @@ func (in *Instance) PgCtl(ctx context.Context, args ...string) error {
 	if err != nil {
 		return err
 	}
-	return as.run(ctx, filepath.Join(in.bin, "pg_ctl"), append([]string{"-D", in.DataDir, "-w"}, args...)...)
+	// -l: a restarted server must not inherit pg_ctl's output, which run
+	// captures through a pipe that would then never close.
+	logFile := filepath.Join(filepath.Dir(in.DataDir), "server.log")
+	return as.run(ctx, filepath.Join(in.bin, "pg_ctl"), append([]string{"-D", in.DataDir, "-w", "-l", logFile}, args...)...)
 }

@@ -67,6 +67,39 @@ func Instance(t testing.TB) *pglaunch.Instance {
 	return instance
 }
 
+// NewCluster starts a PostgreSQL cluster of the test's own from the installed
+// server binaries, with the migrations applied to its postgres database, and
+// removes it when the test ends: for tests that restart or crash the server.
+// Without the binaries it fails when CI is set and skips elsewhere.
+func NewCluster(t testing.TB, opts pglaunch.Options) *pglaunch.Instance {
+	t.Helper()
+	ctx := context.Background()
+	in, err := pglaunch.StartLocal(ctx, opts)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("starting a PostgreSQL cluster: %v", err)
+		}
+		t.Skipf("no local PostgreSQL server binaries: %v", err)
+	}
+	t.Cleanup(func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := in.Close(cctx); err != nil {
+			t.Errorf("stopping the cluster: %v", err)
+		}
+	})
+	cfg, err := pgx.ParseConfig(in.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatalf("migrating: %v", err)
+	}
+	return in
+}
+
 // Schema is a fresh schema with pgratelimit's tables, dropped when the test
 // ends.
 type Schema struct {
@@ -148,6 +181,18 @@ func (s *Schema) Pool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("opening pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// PoolWithConfig opens a pool with cfg (a copy of s.Config, changed),
+// closed when the test ends.
+func (s *Schema) PoolWithConfig(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("opening pool: %v", err)
