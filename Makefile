@@ -17,14 +17,16 @@ test: lint ## Everything: vet, staticcheck, all tests with -race (integration in
 	$(GO) test -race -count=1 ./...
 	PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./integration_test/
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
+	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./pgratelimit/
 
 lint: ## gofmt, go vet and staticcheck.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
-fuzz: ## Fuzz the refill math for longer (FUZZLONG=5m).
+fuzz: ## Fuzz the refill math and the input validation for longer (FUZZLONG=5m each).
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
+	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZLONG) ./pgratelimit/
 
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
 	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./integration_test/

@@ -1,9 +1,12 @@
 package pgratelimit
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -193,6 +196,46 @@ func FuzzRefillMath(f *testing.F) {
 			if b.tokens != m.tokens || !b.refilledAt.Equal(m.refilledAt) || !b.expiresAt.Equal(m.expiresAt) {
 				t.Fatalf("step %d: bucket %+v, model %+v", i/2, b, m)
 			}
+		}
+	})
+}
+
+// FuzzValidate feeds arbitrary keys, prefixes, costs and policies to the
+// validation and the math: never a panic, and what passes really is valid.
+func FuzzValidate(f *testing.F) {
+	f.Add("user-1", "api", int64(1), int64(10), int64(1), int64(1e9))
+	f.Add("", "\x00", int64(0), int64(-1), int64(0), int64(0))
+	f.Add("\xff", "p", int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64))
+	f.Fuzz(func(t *testing.T, key, prefix string, cost, capacity, refill, interval int64) {
+		if err := validateKey(key); err == nil {
+			if key == "" || len(key) > MaxKeyLen || strings.ContainsRune(key, 0) || !utf8.ValidString(key) {
+				t.Fatalf("invalid key %q passed", key)
+			}
+		} else if !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("untyped error %v", err)
+		}
+		cfg := Config{Prefix: prefix, Capacity: capacity, Refill: refill, Interval: time.Duration(interval)}
+		if err := cfg.validate(); err != nil {
+			if !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		p := policy{capacity: capacity, refill: refill, interval: time.Duration(interval)}
+		err := p.validateCost(cost)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidCost) && !errors.Is(err, ErrCostExceedsCapacity) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		b, r := p.take(p.fresh(t0), t0, cost)
+		if !r.Allowed || b.tokens != capacity-cost || r.RetryAfter != 0 || r.ResetAfter < 0 {
+			t.Fatalf("fresh bucket, cost %d: %+v %+v", cost, b, r)
+		}
+		later := p.load(b, t0.Add(time.Duration(interval)))
+		if later.tokens < b.tokens || later.tokens > capacity {
+			t.Fatalf("refill out of range: %+v", later)
 		}
 	})
 }
