@@ -135,10 +135,10 @@ func TestExtremeConfigs(t *testing.T) {
 
 	slow, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "slow", Capacity: math.MaxInt64, Refill: 1, Interval: century, Clock: clock.Now})
 	require.NoError(t, err)
-	r, err = slow.Allow(ctx, "k")
+	r, err = slow.AllowN(ctx, "k", math.MaxInt64/2)
 	require.NoError(t, err)
-	require.Equal(t, int64(math.MaxInt64-1), r.Remaining)
-	require.Equal(t, century, r.ResetAfter)
+	require.Equal(t, int64(math.MaxInt64-math.MaxInt64/2), r.Remaining)
+	require.Equal(t, time.Duration(math.MaxInt64), r.ResetAfter, "2^62 centuries: saturated")
 	r, err = slow.AllowN(ctx, "k", math.MaxInt64)
 	require.NoError(t, err)
 	require.False(t, r.Allowed)

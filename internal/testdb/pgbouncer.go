@@ -169,4 +169,3 @@ func freeTCPPort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
-
