@@ -12,33 +12,40 @@ import (
 )
 
 // BenchmarkAllowN measures checks through one Limiter from parallel
-// goroutines (-cpu sets how many; SetParallelism multiplies), on many keys
-// and on one hot key, for both storages. Compare runs with benchstat; for
+// goroutines (-cpu sets how many; SetParallelism multiplies), in both modes,
+// on many keys and on one hot key, for both storages. Compare runs with benchstat; for
 // throughput against other limiters use 'pgratelimit bench' (see README).
 func BenchmarkAllowN(b *testing.B) {
-	for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
-		for _, keys := range []int{10000, 1} {
-			b.Run(storage.String()+"/keys="+strconv.Itoa(keys), func(b *testing.B) {
-				s := testdb.NewSchema(b)
-				l, err := newLimiterOn(s.Pool(b, 32), pgratelimit.Config{
-					Prefix: "bench", Capacity: 1 << 40, Refill: 1, Interval: time.Hour, Storage: storage,
-				})
-				if err != nil {
-					b.Fatal(err)
-				}
-				b.SetParallelism(16)
-				b.ResetTimer()
-				b.RunParallel(func(pb *testing.PB) {
-					ctx := context.Background()
-					for pb.Next() {
-						key := "k" + strconv.Itoa(rand.IntN(keys))
-						if _, err := l.AllowN(ctx, key, 1); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
-			})
+	for _, mode := range []string{"coalesce", "per-check"} {
+		for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+			for _, keys := range []int{10000, 1} {
+				benchAllowN(b, mode, storage, keys)
+			}
 		}
 	}
+}
+
+func benchAllowN(b *testing.B, mode string, storage pgratelimit.Storage, keys int) {
+	b.Run(mode+"/"+storage.String()+"/keys="+strconv.Itoa(keys), func(b *testing.B) {
+		s := testdb.NewSchema(b)
+		l, err := pgratelimit.New(s.Pool(b, 32), pgratelimit.Config{
+			Prefix: "bench", Capacity: 1 << 40, Refill: 1, Interval: time.Hour, Storage: storage,
+			DisableCoalescing: mode == "per-check",
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.SetParallelism(16)
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			for pb.Next() {
+				key := "k" + strconv.Itoa(rand.IntN(keys))
+				if _, err := l.AllowN(ctx, key, 1); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
 }

@@ -265,10 +265,11 @@ func (f *flags) printResult(key string, r pgratelimit.Result) int {
 	return exitOK
 }
 
-func runAllow(ctx context.Context, c *cli, args []string) int {
-	f := newFlags(c, "allow").withPolicy()
-	cost := f.Int64("cost", 1, "tokens to take")
-	pos, err := f.parse(args, 1, 1)
+// withLimiter runs a command that works on a limiter: it parses nargs
+// positional arguments, opens the limiter and runs fn, which returns the exit
+// status.
+func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, fn func(l *pgratelimit.Limiter, pos []string) (int, error)) int {
+	pos, err := f.parse(args, nargs, nargs)
 	if err != nil {
 		return f.fail(err)
 	}
@@ -277,74 +278,65 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	defer done()
-	r, err := l.AllowN(ctx, pos[0], *cost)
+	code, err := fn(l, pos)
 	if err != nil {
 		return f.fail(err)
 	}
-	return f.printResult(pos[0], r)
+	return code
+}
+
+func runAllow(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "allow").withPolicy()
+	cost := f.Int64("cost", 1, "tokens to take")
+	return f.withLimiter(ctx, args, 1, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		r, err := l.AllowN(ctx, pos[0], *cost)
+		if err != nil {
+			return 0, err
+		}
+		return f.printResult(pos[0], r), nil
+	})
 }
 
 func runPeek(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "peek").withPolicy()
-	pos, err := f.parse(args, 1, 1)
-	if err != nil {
-		return f.fail(err)
-	}
-	l, done, err := f.limiter(ctx)
-	if err != nil {
-		return f.fail(err)
-	}
-	defer done()
-	r, err := l.Peek(ctx, pos[0])
-	if err != nil {
-		return f.fail(err)
-	}
-	f.printResult(pos[0], r)
-	return exitOK // peeking is never "denied"
+	return f.withLimiter(ctx, args, 1, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		r, err := l.Peek(ctx, pos[0])
+		if err != nil {
+			return 0, err
+		}
+		f.printResult(pos[0], r)
+		return exitOK, nil // peeking is never "denied"
+	})
 }
 
 func runRefund(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "refund").withPolicy()
-	pos, err := f.parse(args, 2, 2)
-	if err != nil {
-		return f.fail(err)
-	}
-	n, err := strconv.ParseInt(pos[1], 10, 64)
-	if err != nil {
-		return f.fail(fmt.Errorf("refund amount must be a whole number: %w", err))
-	}
-	l, done, err := f.limiter(ctx)
-	if err != nil {
-		return f.fail(err)
-	}
-	defer done()
-	r, err := l.Refund(ctx, pos[0], n)
-	if err != nil {
-		return f.fail(err)
-	}
-	return f.printResult(pos[0], r)
+	return f.withLimiter(ctx, args, 2, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		n, err := strconv.ParseInt(pos[1], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("refund amount must be a whole number: %w", err)
+		}
+		r, err := l.Refund(ctx, pos[0], n)
+		if err != nil {
+			return 0, err
+		}
+		return f.printResult(pos[0], r), nil
+	})
 }
 
 func runReset(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "reset").withPolicy()
-	pos, err := f.parse(args, 1, 1)
-	if err != nil {
-		return f.fail(err)
-	}
-	l, done, err := f.limiter(ctx)
-	if err != nil {
-		return f.fail(err)
-	}
-	defer done()
-	if err := l.Reset(ctx, pos[0]); err != nil {
-		return f.fail(err)
-	}
-	if f.json {
-		f.printJSON(map[string]any{"key": pos[0], "reset": true})
-	} else {
-		fmt.Fprintf(c.stdout, "reset: %q is full again\n", pos[0])
-	}
-	return exitOK
+	return f.withLimiter(ctx, args, 1, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		if err := l.Reset(ctx, pos[0]); err != nil {
+			return 0, err
+		}
+		if f.json {
+			f.printJSON(map[string]any{"key": pos[0], "reset": true})
+		} else {
+			fmt.Fprintf(c.stdout, "reset: %q is full again\n", pos[0])
+		}
+		return exitOK, nil
+	})
 }
 
 func runMigrate(ctx context.Context, c *cli, args []string) int {
