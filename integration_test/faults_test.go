@@ -154,10 +154,7 @@ func TestBackendTerminated(t *testing.T) {
 	require.NoError(t, err)
 
 	// A check blocked on the row lock, inside its transaction.
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM pgratelimit_buckets WHERE prefix = 't' AND key = 'k' FOR UPDATE`)
-	require.NoError(t, err)
+	holder := lockRow(t, pool, "t", "k")
 	done := make(chan error)
 	go func() {
 		_, err := l.AllowN(ctx, "k", 4)
@@ -214,10 +211,7 @@ func TestDeadlinesWhileBlocked(t *testing.T) {
 		_, err := l.Allow(ctx, k)
 		require.NoError(t, err)
 	}
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM pgratelimit_buckets WHERE prefix = 'd' AND key = 'locked' FOR UPDATE`)
-	require.NoError(t, err)
+	holder := lockRow(t, pool, "d", "locked")
 
 	var allowed [2]atomic.Int64
 	var late, timedOut atomic.Int64
@@ -272,10 +266,7 @@ func TestPoolExhausted(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.Allow(ctx, "k")
 	require.NoError(t, err)
-	holder, err := pool.Begin(ctx) // takes one of the two connections
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM pgratelimit_buckets WHERE key = 'k' FOR UPDATE`)
-	require.NoError(t, err)
+	holder := lockRow(t, pool, "p", "k")
 
 	var errs, late atomic.Int64
 	var wg sync.WaitGroup

@@ -3,11 +3,13 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -66,4 +68,16 @@ var perCheck = os.Getenv("PGRATELIMIT_TEST_MODE") == "per-check"
 func newLimiterOn(pool *pgxpool.Pool, cfg pgratelimit.Config) (*pgratelimit.Limiter, error) {
 	cfg.DisableCoalescing = cfg.DisableCoalescing || perCheck
 	return pgratelimit.New(pool, cfg)
+}
+
+// lockRow holds a bucket's row locked, as a long transaction would, until
+// the returned transaction ends.
+func lockRow(t *testing.T, pool *pgxpool.Pool, prefix, key string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM pgratelimit_buckets WHERE prefix = $1 AND key = $2 FOR UPDATE`, prefix, key)
+	require.NoError(t, err)
+	return tx
 }

@@ -25,10 +25,7 @@ func TestLockTimeout(t *testing.T) {
 	_, err = l.Allow(ctx, "hot")
 	require.NoError(t, err)
 
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, `SELECT 1 FROM pgratelimit_buckets WHERE prefix = 'lt' AND key = 'hot' FOR UPDATE`)
-	require.NoError(t, err)
+	holder := lockRow(t, pool, "lt", "hot")
 
 	_, err = l.AllowN(ctx, "hot", 3)
 	require.ErrorIs(t, err, pgratelimit.ErrLockTimeout)

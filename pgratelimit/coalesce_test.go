@@ -79,15 +79,7 @@ func TestCoalescerCancel(t *testing.T) {
 		_, err := l.AllowN(cctx, "k", 5)
 		ret <- err
 	}()
-	for {
-		co.mu.Lock()
-		n := len(co.queue)
-		co.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(co, 1)
 	cancel()
 	if err := <-ret; err != context.Canceled {
 		t.Fatalf("queued check returned %v", err)
@@ -117,15 +109,7 @@ func TestCoalescerCancel(t *testing.T) {
 		_, err := l.AllowN(lctx, "k", 1)
 		ret <- err
 	}()
-	for {
-		co.mu.Lock()
-		n := len(co.queue)
-		co.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitQueued(co, 2)
 	lcancel()
 	<-ret
 	co.release() // the slot goes to the first queued check
@@ -163,5 +147,18 @@ func TestCoalescerCancel(t *testing.T) {
 	r, err := l.Peek(ctx, "k")
 	if err != nil || r.Remaining != 97 {
 		t.Fatalf("peek %+v %v", r, err)
+	}
+}
+
+// waitQueued waits until n checks are queued.
+func waitQueued(co *coalescer, n int) {
+	for {
+		co.mu.Lock()
+		queued := len(co.queue)
+		co.mu.Unlock()
+		if queued == n {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
