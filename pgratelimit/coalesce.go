@@ -190,7 +190,7 @@ func (l *Limiter) runBatch(batch []*pending) {
 		if !errors.Is(err, errVanished) {
 			break
 		}
-		l.log.DebugContext(ctx, "pgratelimit: bucket rows deleted concurrently, retrying the batch", "prefix", l.prefix, "try", try)
+		l.log.DebugContext(ctx, "pgratelimit: bucket rows deleted concurrently, retrying the batch", "prefix", l.cfg.Prefix, "try", try)
 	}
 	for _, p := range batch {
 		if err != nil && p.err == nil {
@@ -249,10 +249,10 @@ func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upse
 	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
 	l.queueSettings(b)
 	if upsert {
-		b.Queue(l.sql.relockMany, l.prefix, keys, l.p.capacity, now, horizons).Query(scan)
+		b.Queue(l.sql.relockMany, l.cfg.Prefix, keys, l.p.capacity, now, horizons).Query(scan)
 	} else {
-		b.Queue(l.sql.insertMany, l.prefix, keys, l.p.capacity, now, horizons)
-		b.Queue(l.sql.lockMany, l.prefix, keys, now).Query(scan)
+		b.Queue(l.sql.insertMany, l.cfg.Prefix, keys, l.p.capacity, now, horizons)
+		b.Queue(l.sql.lockMany, l.cfg.Prefix, keys, now).Query(scan)
 	}
 	if err := q.SendBatch(ctx, b).Close(); err != nil {
 		return err
@@ -289,7 +289,7 @@ func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upse
 	}
 	b = &pgx.Batch{}
 	if len(uKeys) > 0 {
-		b.Queue(l.sql.updateMany, l.prefix, uKeys, uTokens, uRefill, uExps)
+		b.Queue(l.sql.updateMany, l.cfg.Prefix, uKeys, uTokens, uRefill, uExps)
 	}
 	b.Queue("COMMIT")
 	return q.SendBatch(ctx, b).Close()

@@ -196,15 +196,12 @@ type Result struct {
 // transaction, Peek to look without spending, Refund to give tokens back and
 // Reset to refill a bucket. A Limiter is safe for concurrent use.
 type Limiter struct {
-	pool    *pgxpool.Pool
-	cfg     Config
-	prefix  string
-	p       policy
-	clock   func() time.Time
-	maxWait time.Duration
-	log     *slog.Logger
-	sql     queries
-	co      *coalescer // nil when Config.DisableCoalescing
+	pool *pgxpool.Pool
+	cfg  Config
+	p    policy
+	log  *slog.Logger
+	sql  queries
+	co   *coalescer // nil when Config.DisableCoalescing
 	// settings are the transaction-local settings of the limiter's own
 	// transactions (LockTimeout, AsyncCommit), as set_config arguments.
 	settings []any
@@ -226,14 +223,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	l := &Limiter{
-		pool:    pool,
-		cfg:     cfg,
-		prefix:  cfg.Prefix,
-		p:       policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
-		clock:   cfg.Clock,
-		maxWait: cfg.MaxWait,
-		log:     log,
-		sql:     newQueries(cfg.Storage.table()),
+		pool: pool,
+		cfg:  cfg,
+		p:    policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
+		log:  log,
+		sql:  newQueries(cfg.Storage.table()),
 	}
 	if cfg.LockTimeout > 0 {
 		l.settings = append(l.settings, "lock_timeout", strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10)+"ms")
@@ -323,10 +317,10 @@ WHERE b.prefix = $1 AND b.key = ANY($2::text[])`,
 // now returns the clock argument of the queries: nil for the database's
 // clock, else Config.Clock truncated to PostgreSQL's microseconds.
 func (l *Limiter) now() any {
-	if l.clock == nil {
+	if l.cfg.Clock == nil {
 		return nil
 	}
-	return l.clock().Truncate(time.Microsecond).UTC()
+	return l.cfg.Clock().Truncate(time.Microsecond).UTC()
 }
 
 // Allow is AllowN with cost 1.
@@ -389,7 +383,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		refilledAt, expiresAt *time.Time
 		now                   time.Time
 	)
-	err := l.pool.QueryRow(ctx, l.sql.peek, l.prefix, key, l.now()).Scan(&tokens, &refilledAt, &expiresAt, &now)
+	err := l.pool.QueryRow(ctx, l.sql.peek, l.cfg.Prefix, key, l.now()).Scan(&tokens, &refilledAt, &expiresAt, &now)
 	if err != nil {
 		return Result{}, dbError("peek "+quoteKey(key), err)
 	}
@@ -406,7 +400,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
 	}
-	if _, err := l.pool.Exec(ctx, l.sql.delete, l.prefix, key); err != nil {
+	if _, err := l.pool.Exec(ctx, l.sql.delete, l.cfg.Prefix, key); err != nil {
 		return dbError("reset "+quoteKey(key), err)
 	}
 	return nil
@@ -466,16 +460,16 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, co
 		batch.Queue("BEGIN")
 		l.queueSettings(batch)
 	}
-	batch.Queue(l.sql.insert, l.prefix, key, l.p.capacity, now, horizon)
-	batch.Queue(l.sql.lock, l.prefix, key, now).QueryRow(scan)
+	batch.Queue(l.sql.insert, l.cfg.Prefix, key, l.p.capacity, now, horizon)
+	batch.Queue(l.sql.lock, l.cfg.Prefix, key, now).QueryRow(scan)
 	if err := q.SendBatch(ctx, batch).Close(); err != nil {
 		return Result{}, err
 	}
 	if !found {
 		// A concurrent DELETE (cleanup) removed the row between our INSERT
 		// and SELECT. Insert it again, in this transaction.
-		l.log.DebugContext(ctx, "pgratelimit: bucket row deleted concurrently, inserting again", "prefix", l.prefix, "key", key)
-		if err := scan(q.QueryRow(ctx, l.sql.relock, l.prefix, key, l.p.capacity, now, horizon)); err != nil {
+		l.log.DebugContext(ctx, "pgratelimit: bucket row deleted concurrently, inserting again", "prefix", l.cfg.Prefix, "key", key)
+		if err := scan(q.QueryRow(ctx, l.sql.relock, l.cfg.Prefix, key, l.p.capacity, now, horizon)); err != nil {
 			return Result{}, err
 		}
 		if !found {
@@ -488,13 +482,13 @@ func (l *Limiter) check(ctx context.Context, q querier, key string, own bool, co
 	switch {
 	case write && own:
 		batch := &pgx.Batch{}
-		batch.Queue(l.sql.update, l.prefix, key, nb.tokens, nb.refilledAt, nb.expiresAt)
+		batch.Queue(l.sql.update, l.cfg.Prefix, key, nb.tokens, nb.refilledAt, nb.expiresAt)
 		batch.Queue("COMMIT")
 		if err := q.SendBatch(ctx, batch).Close(); err != nil {
 			return Result{}, err
 		}
 	case write:
-		if _, err := q.Exec(ctx, l.sql.update, l.prefix, key, nb.tokens, nb.refilledAt, nb.expiresAt); err != nil {
+		if _, err := q.Exec(ctx, l.sql.update, l.cfg.Prefix, key, nb.tokens, nb.refilledAt, nb.expiresAt); err != nil {
 			return Result{}, err
 		}
 	case own:

@@ -39,8 +39,8 @@ func (l *Limiter) WaitN(ctx context.Context, key string, cost int64) (Result, er
 		if dl, ok := ctx.Deadline(); ok && wake.After(dl) {
 			return r, fmt.Errorf("%w: %s needed, context deadline in %s", ErrWaitTooLong, r.RetryAfter, time.Until(dl).Round(time.Millisecond))
 		}
-		if l.maxWait > 0 && wake.Sub(start) > l.maxWait {
-			return r, fmt.Errorf("%w: %s needed, Config.MaxWait is %s", ErrWaitTooLong, wake.Sub(start).Round(time.Millisecond), l.maxWait)
+		if l.cfg.MaxWait > 0 && wake.Sub(start) > l.cfg.MaxWait {
+			return r, fmt.Errorf("%w: %s needed, Config.MaxWait is %s", ErrWaitTooLong, wake.Sub(start).Round(time.Millisecond), l.cfg.MaxWait)
 		}
 		// Jitter: up to a tenth of the wait, at most 50ms, so waiters woken
 		// by the same refill do not all retry at the same instant.
