@@ -4,31 +4,42 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 200000x
 FUZZLONG ?= 5m
+# The repository's modules: the library (.), the CLI and the integration
+# tests, each with its own go.mod so that the library's stays lean; go.work
+# ties them together for development.
+MODULES := . cmd/pgratelimit integration_test
 
 .DEFAULT_GOAL := help
 
 help: ## List the targets.
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 demo: ## Serve a rate-limited HTTP app on 127.0.0.1:8080 and show 200s then 429s (DATABASE_URL, else a throwaway PostgreSQL).
-	$(GO) run ./cmd/pgratelimit demo $(DEMOFLAGS)
+	@$(GO) build -o bin/pgratelimit ./cmd/pgratelimit && exec ./bin/pgratelimit demo $(DEMOFLAGS)
 
-test: lint ## Everything: vet, staticcheck, all tests with -race (integration in both modes), a short fuzz run.
-	$(GO) test -race -count=1 ./...
-	PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./integration_test/
+test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
+	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done
+	cd integration_test && PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./...
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./pgratelimit/
 
-lint: ## gofmt, go vet and staticcheck.
+test-integration: ## The integration suite alone, in both coalescing modes (PGRATELIMIT_PG_BIN picks the server binaries).
+	cd integration_test && $(GO) test -race -count=1 ./...
+	cd integration_test && PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./...
+
+lint: ## gofmt, go vet, staticcheck, go mod tidy (changes nothing), and the library's dependencies stay lean.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) run $(STATICCHECK) ./...
+	@set -e; for m in $(MODULES); do echo "== vet, staticcheck, tidy: $$m"; \
+	  (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && \
+	   cp go.mod go.sum "$$(mktemp -d)" && GOWORK=off $(GO) mod tidy && \
+	   git diff --exit-code -- go.mod go.sum || { echo "go mod tidy changed $$m/go.mod or go.sum"; exit 1; }); done
+	@.ci/check-lean
 
 fuzz: ## Fuzz the refill math and the input validation for longer (FUZZLONG=5m each).
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZLONG) ./pgratelimit/
 
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
-	$(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./integration_test/
+	cd integration_test && $(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./...
 
-.PHONY: help demo test lint fuzz bench
+.PHONY: help demo test test-integration lint fuzz bench

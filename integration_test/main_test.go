@@ -11,12 +11,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/integration_test/dockerdb"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	testdb.Container = dockerdb.Start
+	testdb.Main(m)
+}
 
 // fakeClock is a settable Config.Clock.
 type fakeClock struct {

@@ -1,7 +1,9 @@
 // Package pglaunch gets a PostgreSQL to talk to on any machine: a URL from
-// the environment, a container through testcontainers-go when a Docker engine
-// answers, or a throwaway cluster made with the installed server binaries.
-// The test suites and the CLI's demo use it.
+// the environment, a container when the caller supplies a way to start one
+// (the integration tests use testcontainers-go; this package depends on
+// nothing but the standard library, so the library module stays lean), or a
+// throwaway cluster made with the installed server binaries. The test suites
+// and the CLI's demo use it.
 package pglaunch
 
 import (
@@ -21,8 +23,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
 // ErrUnavailable is returned by Start when no way of getting a PostgreSQL
@@ -34,9 +34,10 @@ type Options struct {
 	// EnvVar names an environment variable holding a database URL to use as
 	// is, if set (e.g. PGRATELIMIT_TEST_DATABASE_URL). Empty: none.
 	EnvVar string
-	// Image is the container image tried when Docker answers. Defaults to
-	// "postgres:15-alpine".
-	Image string
+	// Container, when set, is tried after EnvVar: it starts a database in a
+	// container and returns its URL and how to stop it, or an error (no
+	// Docker engine, say) to fall through to the local server binaries.
+	Container func(ctx context.Context) (url string, stop func(context.Context) error, err error)
 	// TCP makes a local cluster also listen on a free loopback TCP port, and
 	// the URL use it; by default it listens on a unix socket only.
 	TCP bool
@@ -67,9 +68,7 @@ func (in *Instance) Close(ctx context.Context) error {
 }
 
 // Start returns a running PostgreSQL, trying in order: the URL in
-// opts.EnvVar; testcontainers-go's postgres module if a Docker engine
-// answers; the installed server binaries (initdb and pg_ctl on PATH, else the
-// newest /usr/lib/postgresql/*/bin). It returns ErrUnavailable, with each
+// opts.EnvVar; opts.Container; the installed server binaries (see BinDirEnv). It returns ErrUnavailable, with each
 // reason, when none works.
 func Start(ctx context.Context, opts Options) (*Instance, error) {
 	logf := opts.Logf
@@ -83,15 +82,17 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		}
 	}
 	var reasons []string
-	in, err := startDocker(ctx, opts)
-	if err == nil {
-		logf("pglaunch: started a container")
-		return in, nil
+	if opts.Container != nil {
+		u, stop, err := opts.Container(ctx)
+		if err == nil {
+			logf("pglaunch: started a container")
+			return &Instance{URL: u, Source: "docker", stop: stop}, nil
+		}
+		reasons = append(reasons, "docker: "+err.Error())
+		logf("pglaunch: no container (%v); trying local server binaries", err)
 	}
-	reasons = append(reasons, "docker: "+err.Error())
-	logf("pglaunch: no container (%v); trying local server binaries", err)
 
-	in, err = startLocal(ctx, opts)
+	in, err := startLocal(ctx, opts)
 	if err == nil {
 		logf("pglaunch: started a local cluster in %s", in.DataDir)
 		return in, nil
@@ -103,52 +104,20 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 	return nil, fmt.Errorf("%w: %s", ErrUnavailable, strings.Join(reasons, "; "))
 }
 
-func startDocker(ctx context.Context, opts Options) (in *Instance, err error) {
-	// testcontainers panics in some environments without Docker; a panic here
-	// only means "no Docker".
-	defer func() {
-		if r := recover(); r != nil {
-			in, err = nil, fmt.Errorf("%v", r)
-		}
-	}()
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	prov, err := testcontainers.NewDockerProvider()
-	if err != nil {
-		return nil, err
-	}
-	defer prov.Close()
-	if err := prov.Health(pctx); err != nil {
-		return nil, fmt.Errorf("no Docker engine answers: %w", err)
-	}
-	image := opts.Image
-	if image == "" {
-		image = "postgres:15-alpine"
-	}
-	ctr, err := tcpostgres.Run(ctx, image,
-		tcpostgres.WithDatabase("postgres"),
-		tcpostgres.WithUsername("postgres"),
-		tcpostgres.WithPassword("postgres"),
-		tcpostgres.BasicWaitStrategies(),
-	)
-	if err != nil {
-		if ctr != nil {
-			_ = ctr.Terminate(context.WithoutCancel(ctx))
-		}
-		return nil, err
-	}
-	u, err := ctr.ConnectionString(ctx, "sslmode=disable")
-	if err != nil {
-		_ = ctr.Terminate(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	return &Instance{URL: u, Source: "docker", stop: func(ctx context.Context) error {
-		return ctr.Terminate(ctx)
-	}}, nil
-}
+// BinDirEnv names the environment variable that chooses the folder of the
+// server binaries (initdb, pg_ctl, postgres) for local clusters, e.g. another
+// PostgreSQL version's. Unset: initdb and pg_ctl on PATH, else the newest
+// /usr/lib/postgresql/*/bin.
+const BinDirEnv = "PGRATELIMIT_PG_BIN"
 
 // binDir finds the directory of initdb and pg_ctl.
 func binDir() (string, error) {
+	if dir := os.Getenv(BinDirEnv); dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err != nil {
+			return "", fmt.Errorf("%s=%s: %w", BinDirEnv, dir, err)
+		}
+		return dir, nil
+	}
 	if p, err := exec.LookPath("pg_ctl"); err == nil {
 		if real, err := filepath.EvalSymlinks(p); err == nil {
 			p = real

@@ -1,6 +1,6 @@
 // Package testdb gives tests a real, migrated PostgreSQL: one server per test
-// binary (from pglaunch: PGRATELIMIT_TEST_DATABASE_URL, Docker, or the local
-// server binaries) and a schema of its own per test, so tests can run in
+// binary (from pglaunch: PGRATELIMIT_TEST_DATABASE_URL, a container when the
+// test binary sets Container, or the local server binaries) and a schema of its own per test, so tests can run in
 // parallel.
 package testdb
 
@@ -27,6 +27,12 @@ import (
 // instead of starting one. The tests create and drop schemas in it.
 const EnvVar = "PGRATELIMIT_TEST_DATABASE_URL"
 
+// Container, when set before the first test asks for a database, is how
+// pglaunch may start one in a container (the integration tests set it to a
+// testcontainers-go launcher; the library's own tests leave it nil, so the
+// library module does not depend on testcontainers).
+var Container func(ctx context.Context) (url string, stop func(context.Context) error, err error)
+
 var (
 	once     sync.Once
 	instance *pglaunch.Instance
@@ -36,7 +42,7 @@ var (
 func start() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	instance, startErr = pglaunch.Start(ctx, pglaunch.Options{EnvVar: EnvVar})
+	instance, startErr = pglaunch.Start(ctx, pglaunch.Options{EnvVar: EnvVar, Container: Container})
 }
 
 // Main runs a test binary's tests (call it from TestMain) and stops the
