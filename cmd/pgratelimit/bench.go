@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
@@ -43,10 +42,10 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	if *conc < 1 || *keys < 1 || *duration <= 0 {
-		return f.fail(errors.New("--concurrency, --keys and --duration must be positive"))
+		return f.fail(usagef("--concurrency, --keys and --duration must be positive"))
 	}
 	if *mode != "coalesce" && *mode != "per-check" {
-		return f.fail(fmt.Errorf("--mode must be coalesce or per-check, got %q", *mode))
+		return f.fail(usagef("--mode must be coalesce or per-check, got %q", *mode))
 	}
 	f.storage = *storage
 	cfg, err := f.config()

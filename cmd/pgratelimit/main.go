@@ -10,9 +10,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -23,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/pgratelimit/pgratelimit/migrations"
@@ -87,6 +83,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
+		if len(args) == 2 && args[0] == "help" {
+			return run(ctx, []string{args[1], "--help"}, stdout, stderr, getenv)
+		}
 		usage(stdout)
 		return exitOK
 	}
@@ -100,178 +99,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return exitError
 }
 
-// flags is a subcommand's flag set plus the options most share.
-type flags struct {
-	*flag.FlagSet
-	cmd         command
-	c           *cli
-	databaseURL string
-	json        bool
-	prefix      string
-	capacity    int64
-	refill      int64
-	interval    time.Duration
-	storage     string
-}
-
-func newFlags(c *cli, name string) *flags {
-	var cmd command
-	for _, x := range commands {
-		if x.name == name {
-			cmd = x
-		}
-	}
-	f := &flags{FlagSet: flag.NewFlagSet(name, flag.ContinueOnError), cmd: cmd, c: c}
-	f.SetOutput(c.stderr)
-	f.Usage = func() {
-		fmt.Fprintf(f.Output(), "usage: pgratelimit %s %s\n\n%s.\n\nflags:\n", cmd.name, cmd.args, cmd.summary)
-		f.PrintDefaults()
-	}
-	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
-	f.BoolVar(&f.json, "json", false, "print JSON instead of text")
-	return f
-}
-
-// withPolicy adds the limiter policy flags.
-func (f *flags) withPolicy() *flags {
-	f.StringVar(&f.prefix, "prefix", "default", "the limiter's key namespace (Config.Prefix)")
-	f.Int64Var(&f.capacity, "capacity", 10, "most tokens a bucket holds (Config.Capacity)")
-	f.Int64Var(&f.refill, "refill", 1, "tokens added every interval (Config.Refill)")
-	f.DurationVar(&f.interval, "interval", time.Second, "the refill period (Config.Interval)")
-	f.StringVar(&f.storage, "storage", "durable", "durable or ephemeral")
-	return f
-}
-
-var errHelp = errors.New("help requested")
-
-// parse parses flags and positional arguments in any order, and checks the
-// number of positional arguments is between min and max.
-func (f *flags) parse(args []string, minArgs, maxArgs int) ([]string, error) {
-	var pos []string
-	for {
-		if err := f.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, errHelp
-			}
-			return nil, err
-		}
-		if f.NArg() == 0 {
-			break
-		}
-		pos = append(pos, f.Arg(0))
-		args = f.Args()[1:]
-	}
-	if len(pos) < minArgs || len(pos) > maxArgs {
-		f.Usage()
-		return nil, fmt.Errorf("wrong number of arguments: %d", len(pos))
-	}
-	return pos, nil
-}
-
-// fail reports err and returns the exit status for it.
-func (f *flags) fail(err error) int {
-	if errors.Is(err, errHelp) {
-		return exitOK
-	}
-	fmt.Fprintf(f.c.stderr, "pgratelimit %s: %v\n", f.Name(), err)
-	return exitError
-}
-
-func (f *flags) url() (string, error) {
-	u := f.databaseURL
-	if u == "" {
-		u = f.c.getenv("DATABASE_URL")
-	}
-	if u == "" {
-		return "", errors.New("no database: set --database-url or DATABASE_URL")
-	}
-	return u, nil
-}
-
-func (f *flags) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	u, err := f.url()
-	if err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.New(ctx, u)
-	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
-	}
-	return pool, nil
-}
-
-func (f *flags) config() (pgratelimit.Config, error) {
-	cfg := pgratelimit.Config{Prefix: f.prefix, Capacity: f.capacity, Refill: f.refill, Interval: f.interval}
-	switch f.storage {
-	case "durable":
-		cfg.Storage = pgratelimit.Durable
-	case "ephemeral":
-		cfg.Storage = pgratelimit.Ephemeral
-	default:
-		return cfg, fmt.Errorf("--storage must be durable or ephemeral, got %q", f.storage)
-	}
-	return cfg, nil
-}
-
-func (f *flags) limiter(ctx context.Context) (*pgratelimit.Limiter, func(), error) {
-	cfg, err := f.config()
-	if err != nil {
-		return nil, nil, err
-	}
-	pool, err := f.pool(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	l, err := pgratelimit.New(pool, cfg)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return l, pool.Close, nil
-}
-
-func (f *flags) printJSON(v any) {
-	enc := json.NewEncoder(f.c.stdout)
-	_ = enc.Encode(v)
-}
-
-type resultJSON struct {
-	Key          string `json:"key"`
-	Allowed      bool   `json:"allowed"`
-	Limit        int64  `json:"limit"`
-	Remaining    int64  `json:"remaining"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
-	ResetAfterMS int64  `json:"reset_after_ms"`
-}
-
-// printResult prints r and returns the exit status: 1 when denied.
-func (f *flags) printResult(key string, r pgratelimit.Result) int {
-	if f.json {
-		f.printJSON(resultJSON{key, r.Allowed, r.Limit, r.Remaining, r.RetryAfter.Milliseconds(), r.ResetAfter.Milliseconds()})
-	} else {
-		verdict := "allowed"
-		if !r.Allowed {
-			verdict = "denied"
-		}
-		fmt.Fprintf(f.c.stdout, "%s: %q has %d of %d tokens", verdict, key, r.Remaining, r.Limit)
-		if !r.Allowed {
-			fmt.Fprintf(f.c.stdout, ", retry in %s", r.RetryAfter)
-		}
-		fmt.Fprintf(f.c.stdout, ", full in %s\n", r.ResetAfter)
-	}
-	if !r.Allowed {
-		return exitDenied
-	}
-	return exitOK
-}
-
 // withLimiter runs a command that works on a limiter: it parses nargs
-// positional arguments, opens the limiter and runs fn, which returns the exit
-// status.
-func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, fn func(l *pgratelimit.Limiter, pos []string) (int, error)) int {
+// positional arguments, runs check on them (if not nil), opens the limiter
+// and runs fn, which returns the exit status.
+func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(l *pgratelimit.Limiter, pos []string) (int, error)) int {
 	pos, err := f.parse(args, nargs, nargs)
 	if err != nil {
 		return f.fail(err)
+	}
+	if check != nil {
+		if err := check(pos); err != nil {
+			return f.fail(err)
+		}
 	}
 	l, done, err := f.limiter(ctx)
 	if err != nil {
@@ -285,58 +124,184 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, fn fu
 	return code
 }
 
+// resultJSON is a check's, a peek's or a refund's result for --json. Allowed
+// is only a check's; Cost and Refunded say what was asked.
+type resultJSON struct {
+	Key          string `json:"key"`
+	Allowed      *bool  `json:"allowed,omitempty"`
+	Cost         int64  `json:"cost,omitempty"`
+	Refunded     int64  `json:"refunded,omitempty"`
+	Limit        int64  `json:"limit"`
+	Remaining    int64  `json:"remaining"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+	ResetAfterMS int64  `json:"reset_after_ms"`
+}
+
+func newResultJSON(key string, r pgratelimit.Result) resultJSON {
+	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, RetryAfterMS: r.RetryAfter.Milliseconds(), ResetAfterMS: r.ResetAfter.Milliseconds()}
+}
+
+// human formats a wait for people: to the millisecond below 10s, else to the
+// second, always rounded up (a wait shown is never shorter than the truth).
+func human(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	unit := time.Second
+	if d < 10*time.Second {
+		unit = time.Millisecond
+	}
+	if r := d % unit; r != 0 {
+		d += unit - r
+	}
+	return d.String()
+}
+
+// fullness says when a bucket is full again.
+func fullness(r pgratelimit.Result) string {
+	if r.Remaining >= r.Limit {
+		return "full"
+	}
+	return "full in " + human(r.ResetAfter)
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 || n == -1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
 func runAllow(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "allow").withPolicy()
 	cost := f.Int64("cost", 1, "tokens to take")
-	return f.withLimiter(ctx, args, 1, func(l *pgratelimit.Limiter, pos []string) (int, error) {
-		r, err := l.AllowN(ctx, pos[0], *cost)
+	check := func([]string) error {
+		switch {
+		case *cost < 1:
+			return usagef("--cost must be at least 1, got %d", *cost)
+		case *cost > f.capacity && f.capacity > 0:
+			return usagef("--cost %d is more than the bucket's capacity (--capacity %d): such a check could never be allowed", *cost, f.capacity)
+		}
+		return nil
+	}
+	return f.withLimiter(ctx, args, 1, check, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
+		r, err := l.AllowN(ctx, key, *cost)
 		if err != nil {
 			return 0, err
 		}
-		return f.printResult(pos[0], r), nil
+		if f.json {
+			j := newResultJSON(key, r)
+			j.Allowed, j.Cost = &r.Allowed, *cost
+			f.printJSON(j)
+		} else if r.Allowed {
+			fmt.Fprintf(c.stdout, "allowed: took %s from %q: %d of %d left, %s\n",
+				plural(*cost, "token", "tokens"), key, r.Remaining, r.Limit, fullness(r))
+		} else {
+			fmt.Fprintf(c.stdout, "denied: %q has %d of %d tokens, not the %d asked for (nothing taken); retry in %s\n",
+				key, r.Remaining, r.Limit, *cost, human(r.RetryAfter))
+		}
+		if !r.Allowed {
+			return exitDenied, nil
+		}
+		return exitOK, nil
 	})
 }
 
 func runPeek(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "peek").withPolicy()
-	return f.withLimiter(ctx, args, 1, func(l *pgratelimit.Limiter, pos []string) (int, error) {
-		r, err := l.Peek(ctx, pos[0])
+	return f.withLimiter(ctx, args, 1, nil, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
+		r, err := l.Peek(ctx, key)
 		if err != nil {
 			return 0, err
 		}
-		f.printResult(pos[0], r)
-		return exitOK, nil // peeking is never "denied"
+		switch {
+		case f.json:
+			f.printJSON(newResultJSON(key, r))
+		case r.Remaining >= r.Limit:
+			fmt.Fprintf(c.stdout, "%q has %d of %d tokens (full)\n", key, r.Remaining, r.Limit)
+		case r.Remaining == 0:
+			fmt.Fprintf(c.stdout, "%q has 0 of %d tokens (empty): the next in %s, full in %s\n", key, r.Limit, human(r.RetryAfter), human(r.ResetAfter))
+		default:
+			fmt.Fprintf(c.stdout, "%q has %d of %d tokens, full in %s\n", key, r.Remaining, r.Limit, human(r.ResetAfter))
+		}
+		return exitOK, nil // peeking checks nothing, so it is never "denied"
 	})
 }
 
 func runRefund(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "refund").withPolicy()
-	return f.withLimiter(ctx, args, 2, func(l *pgratelimit.Limiter, pos []string) (int, error) {
-		n, err := strconv.ParseInt(pos[1], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("refund amount must be a whole number: %w", err)
+	var n int64
+	check := func(pos []string) error {
+		var err error
+		n, err = strconv.ParseInt(pos[1], 10, 64)
+		switch {
+		case err != nil:
+			return usagef("N, the tokens to give back, must be a whole number, got %q", pos[1])
+		case n < 1:
+			return usagef("N, the tokens to give back, must be at least 1, got %d (allow KEY --cost N takes tokens)", n)
 		}
-		r, err := l.Refund(ctx, pos[0], n)
+		return nil
+	}
+	return f.withLimiter(ctx, args, 2, check, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
+		r, err := l.Refund(ctx, key, n)
 		if err != nil {
 			return 0, err
 		}
-		return f.printResult(pos[0], r), nil
+		switch {
+		case f.json:
+			j := newResultJSON(key, r)
+			j.Refunded = n
+			f.printJSON(j)
+		case r.Remaining >= r.Limit:
+			fmt.Fprintf(c.stdout, "refunded: %q is full, %d of %d tokens (a refund never fills a bucket past its capacity)\n", key, r.Remaining, r.Limit)
+		default:
+			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %d of %d tokens, %s\n", plural(n, "token", "tokens"), key, r.Remaining, r.Limit, fullness(r))
+		}
+		return exitOK, nil
 	})
 }
 
 func runReset(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "reset").withPolicy()
-	return f.withLimiter(ctx, args, 1, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+	return f.withLimiter(ctx, args, 1, nil, func(l *pgratelimit.Limiter, pos []string) (int, error) {
 		if err := l.Reset(ctx, pos[0]); err != nil {
 			return 0, err
 		}
 		if f.json {
 			f.printJSON(map[string]any{"key": pos[0], "reset": true})
 		} else {
-			fmt.Fprintf(c.stdout, "reset: %q is full again\n", pos[0])
+			fmt.Fprintf(c.stdout, "reset: %q is full again (%d tokens)\n", pos[0], f.capacity)
 		}
 		return exitOK, nil
 	})
+}
+
+type migrationRow struct {
+	Version   int64      `json:"version"`
+	File      string     `json:"file"`
+	Applied   bool       `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at,omitempty"`
+}
+
+func migrationStatus(ctx context.Context, db *sql.DB) ([]migrationRow, error) {
+	st, err := migrations.Status(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(st, func(i, j int) bool { return st[i].Source.Version < st[j].Source.Version })
+	var rows []migrationRow
+	for _, s := range st {
+		r := migrationRow{Version: s.Source.Version, File: s.Source.Path, Applied: s.State == "applied"}
+		if r.Applied {
+			at := s.AppliedAt
+			r.AppliedAt = &at
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
 }
 
 func runMigrate(ctx context.Context, c *cli, args []string) int {
@@ -344,6 +309,10 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	pos, err := f.parse(args, 1, 1)
 	if err != nil {
 		return f.fail(err)
+	}
+	action := pos[0]
+	if action != "up" && action != "down" && action != "status" {
+		return f.fail(usagef("unknown action %q: want up, down or status", action))
 	}
 	u, err := f.url()
 	if err != nil {
@@ -354,53 +323,73 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	defer db.Close()
-	switch pos[0] {
-	case "up", "down":
-		op := migrations.Up
-		if pos[0] == "down" {
-			op = migrations.Down
-		}
-		if err := op(ctx, db); err != nil {
-			return f.fail(err)
-		}
-		fallthrough
-	case "status":
-		st, err := migrations.Status(ctx, db)
-		if err != nil {
-			return f.fail(err)
-		}
-		sort.Slice(st, func(i, j int) bool { return st[i].Source.Version < st[j].Source.Version })
-		type row struct {
-			Version   int64      `json:"version"`
-			File      string     `json:"file"`
-			Applied   bool       `json:"applied"`
-			AppliedAt *time.Time `json:"applied_at,omitempty"`
-		}
-		var rows []row
-		for _, s := range st {
-			r := row{Version: s.Source.Version, File: s.Source.Path, Applied: s.State == "applied"}
-			if r.Applied {
-				at := s.AppliedAt
-				r.AppliedAt = &at
-			}
-			rows = append(rows, r)
-		}
-		if f.json {
-			f.printJSON(rows)
-			return exitOK
-		}
-		for _, r := range rows {
-			state := "pending"
-			if r.Applied {
-				state = "applied " + r.AppliedAt.Format(time.RFC3339)
-			}
-			fmt.Fprintf(c.stdout, "%05d %-32s %s\n", r.Version, r.File, state)
-		}
-		return exitOK
-	default:
-		f.Usage()
-		return f.fail(fmt.Errorf("unknown migrate action %q: want up, down or status", pos[0]))
+	before, err := migrationStatus(ctx, db)
+	if err != nil {
+		return f.fail(err)
 	}
+	// What up or down did, in words: to stdout, or with --json (whose
+	// stdout is the status) to stderr.
+	say := c.stdout
+	if f.json {
+		say = c.stderr
+	}
+	switch action {
+	case "up":
+		if err := migrations.Up(ctx, db); err != nil {
+			return f.fail(err)
+		}
+	case "down":
+		applied := 0
+		for _, r := range before {
+			if r.Applied {
+				applied++
+			}
+		}
+		if applied == 0 {
+			fmt.Fprintln(say, "nothing to roll back: no migration is applied")
+			break
+		}
+		if err := migrations.Down(ctx, db); err != nil {
+			return f.fail(err)
+		}
+	}
+	after, err := migrationStatus(ctx, db)
+	if err != nil {
+		return f.fail(err)
+	}
+	if action != "status" {
+		changed := 0
+		for i, r := range after {
+			if i < len(before) && before[i].Applied != r.Applied {
+				changed++
+				if r.Applied {
+					fmt.Fprintf(say, "applied %s\n", r.File)
+				} else if i == 0 {
+					fmt.Fprintf(say, "rolled back %s: the bucket tables and every bucket in them are dropped\n", r.File)
+				} else {
+					fmt.Fprintf(say, "rolled back %s\n", r.File)
+				}
+			}
+		}
+		if changed == 0 && action == "up" {
+			fmt.Fprintf(say, "nothing to apply: all %d migrations are applied\n", len(after))
+		}
+	}
+	if f.json {
+		f.printJSON(after)
+		return exitOK
+	}
+	if action != "status" {
+		fmt.Fprintln(c.stdout)
+	}
+	for _, r := range after {
+		state := "pending"
+		if r.Applied {
+			state = "applied " + r.AppliedAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(c.stdout, "%05d %-32s %s\n", r.Version, r.File, state)
+	}
+	return exitOK
 }
 
 func runCleanup(ctx context.Context, c *cli, args []string) int {

@@ -43,7 +43,7 @@ func TestCommands(t *testing.T) {
 	policy := []string{"--prefix", "cli", "--capacity", "3", "--refill", "1", "--interval", "1h"}
 	code, out, _ = pgrl(url, append([]string{"allow", "user-1", "--cost", "2"}, policy...)...)
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, `allowed: "user-1" has 1 of 3 tokens`)
+	require.Contains(t, out, `allowed: took 2 tokens from "user-1": 1 of 3 left`)
 
 	code, out, _ = pgrl(url, append([]string{"allow", "--json", "--cost", "2", "user-1"}, policy...)...)
 	require.Equal(t, 1, code, "denied exits 1")
@@ -88,16 +88,20 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{nil, "usage: pgratelimit COMMAND"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"allow"}, "wrong number of arguments"},
-		{[]string{"allow", "a", "b"}, "wrong number of arguments"},
-		{[]string{"allow", "k", "--cost", "many"}, "invalid value"},
-		{[]string{"allow", "k", "--cost", "0"}, "invalid cost"},
-		{[]string{"allow", "k", "--cost", "11"}, "cost exceeds capacity"},
-		{[]string{"allow", "k", "--capacity", "0"}, "Capacity"},
-		{[]string{"allow", "k", "--storage", "floppy"}, "--storage"},
-		{[]string{"allow", ""}, "invalid key"},
-		{[]string{"refund", "k", "x"}, "must be a whole number"},
-		{[]string{"migrate", "sideways"}, "unknown migrate action"},
+		{[]string{"allow"}, "missing KEY"},
+		{[]string{"allow", "a", "b"}, "too many arguments"},
+		{[]string{"allow", "k", "--cost", "many"}, `--cost wants a whole number, got "many"`},
+		{[]string{"allow", "k", "--cost"}, "--cost needs a value"},
+		{[]string{"allow", "k", "--cost", "0"}, "--cost must be at least 1, got 0"},
+		{[]string{"allow", "k", "--cost", "11"}, "--cost 11 is more than the bucket's capacity (--capacity 10)"},
+		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be at least 1, got 0"},
+		{[]string{"allow", "k", "--interval", "1x"}, "--interval wants a duration"},
+		{[]string{"allow", "k", "--storage", "floppy"}, "--storage must be durable or ephemeral"},
+		{[]string{"allow", ""}, "invalid key: key must not be empty"},
+		{[]string{"refund", "k", "x"}, `N, the tokens to give back, must be a whole number, got "x"`},
+		{[]string{"refund", "k"}, "missing N"},
+		{[]string{"cleanup", "now"}, `unexpected argument "now"`},
+		{[]string{"migrate", "sideways"}, `unknown action "sideways": want up, down or status`},
 		{[]string{"bench", "--mode", "turbo"}, "--mode must be"},
 	} {
 		// The URL points nowhere: none of these may reach a database.
@@ -109,9 +113,9 @@ func TestUsageErrors(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "DATABASE_URL")
 	for _, cmd := range commands {
-		code, _, stderr := pgrl("", cmd.name, "--help")
+		code, stdout, _ := pgrl("", cmd.name, "--help")
 		require.Equal(t, 0, code, cmd.name)
-		require.Contains(t, stderr, "usage: pgratelimit "+cmd.name, cmd.name)
+		require.Contains(t, stdout, "usage: pgratelimit "+cmd.name, cmd.name)
 	}
 	code, stdout, _ := pgrl("", "help")
 	require.Equal(t, 0, code)
@@ -156,4 +160,113 @@ func TestDemoThrowawayDatabase(t *testing.T) {
 	require.Contains(t, out, "starting a throwaway PostgreSQL")
 	require.Contains(t, out, "Stopped and removed")
 	require.False(t, strings.Contains(stderr, "ERROR"), stderr)
+}
+
+// Every message says what happened in the user's terms (the issue "The CLI's
+// words"), one case per complaint.
+func TestMessages(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewSchema(t).URL(t)
+	policy := []string{"--prefix", "words", "--capacity", "3", "--refill", "1", "--interval", "1h"}
+	with := func(args ...string) []string { return append(args, policy...) }
+
+	t.Run("peek on an empty bucket is not a denial", func(t *testing.T) {
+		code, out, _ := pgrl(url, with("allow", "empty", "--cost", "3")...)
+		require.Equal(t, 0, code, out)
+		code, out, _ = pgrl(url, with("peek", "empty")...)
+		require.Equal(t, 0, code, "peeking checks nothing, so it never exits 1")
+		require.NotContains(t, out, "denied")
+		require.NotContains(t, out, "allowed")
+		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): the next in \S+, full in \S+\n$`, out)
+
+		code, out, _ = pgrl(url, with("peek", "never-seen")...)
+		require.Equal(t, 0, code)
+		require.Equal(t, "\"never-seen\" has 3 of 3 tokens (full)\n", out)
+
+		code, out, _ = pgrl(url, with("peek", "empty", "--json")...)
+		require.Equal(t, 0, code)
+		require.NotContains(t, out, `"allowed"`, "a peek has no verdict")
+		require.Contains(t, out, `"remaining":0`)
+	})
+
+	t.Run("refund is not a check", func(t *testing.T) {
+		code, out, _ := pgrl(url, with("allow", "ref", "--cost", "3")...)
+		require.Equal(t, 0, code, out)
+		code, out, _ = pgrl(url, with("refund", "ref", "1")...)
+		require.Equal(t, 0, code)
+		require.NotContains(t, out, "allowed")
+		require.Regexp(t, `^refunded 1 token to "ref": it has 1 of 3 tokens, full in \S+\n$`, out)
+		code, out, _ = pgrl(url, with("refund", "ref", "5")...)
+		require.Equal(t, 0, code)
+		require.Equal(t, "refunded: \"ref\" is full, 3 of 3 tokens (a refund never fills a bucket past its capacity)\n", out)
+	})
+
+	t.Run("a denial says why and what was taken", func(t *testing.T) {
+		code, _, _ := pgrl(url, with("allow", "den", "--cost", "2")...)
+		require.Equal(t, 0, code)
+		code, out, _ := pgrl(url, with("allow", "den", "--cost", "2")...)
+		require.Equal(t, 1, code)
+		require.Regexp(t, `^denied: "den" has 1 of 3 tokens, not the 2 asked for \(nothing taken\); retry in \S+\n$`, out)
+	})
+
+	t.Run("errors name the command once", func(t *testing.T) {
+		for _, args := range [][]string{
+			with("allow", "k", "--cost", "0"),
+			with("allow", "k", "--cost", "4"),
+			with("allow", ""),
+			with("refund", "k", "0"),
+		} {
+			code, _, stderr := pgrl(url, args...)
+			require.Equal(t, 2, code, "%v", args)
+			first, _, _ := strings.Cut(stderr, "\n")
+			require.Equal(t, 1, strings.Count(first, "pgratelimit"), "%v: %s", args, first)
+			require.NotContains(t, stderr, "pgratelimit: ", "%v", args)
+		}
+		// The library's own errors lose their "pgratelimit: " prefix too.
+		bare := testdb.NewEmptySchema(t).URL(t)
+		code, _, stderr := pgrl(bare, "peek", "k")
+		require.Equal(t, 2, code)
+		require.True(t, strings.HasPrefix(stderr, "pgratelimit peek: the pgratelimit tables are not in this database"), stderr)
+		require.Contains(t, stderr, "'pgratelimit migrate up'")
+		require.NotContains(t, stderr, "pgratelimit: ")
+	})
+
+	t.Run("a bad flag is reported once", func(t *testing.T) {
+		code, stdout, stderr := pgrl(url, "allow", "k", "--bogus")
+		require.Equal(t, 2, code)
+		require.Empty(t, stdout)
+		require.Equal(t, "pgratelimit allow: unknown flag --bogus\n"+
+			"usage: pgratelimit allow KEY [--cost N]\n"+
+			"Run 'pgratelimit allow --help' for its flags.\n", stderr)
+	})
+
+	t.Run("migrate down at version 0", func(t *testing.T) {
+		bare := testdb.NewEmptySchema(t).URL(t)
+		code, out, stderr := pgrl(bare, "migrate", "down")
+		require.Equal(t, 0, code, stderr)
+		require.True(t, strings.HasPrefix(out, "nothing to roll back: no migration is applied\n"), out)
+		require.NotContains(t, out+stderr, "no next version")
+
+		code, out, _ = pgrl(bare, "migrate", "up")
+		require.Equal(t, 0, code)
+		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\n")
+		code, out, _ = pgrl(bare, "migrate", "up")
+		require.Equal(t, 0, code)
+		require.Contains(t, out, "nothing to apply: all 2 migrations are applied")
+		code, out, _ = pgrl(bare, "migrate", "down")
+		require.Equal(t, 0, code)
+		require.True(t, strings.HasPrefix(out, "rolled back 00002_index_expires_at.sql\n"), out)
+	})
+
+	t.Run("a negative refund is a number, not a flag", func(t *testing.T) {
+		code, out, stderr := pgrl(url, with("refund", "k1", "-5")...)
+		require.Equal(t, 2, code)
+		require.Empty(t, out)
+		require.NotContains(t, stderr, "flag provided but not defined")
+		require.True(t, strings.HasPrefix(stderr, "pgratelimit refund: N, the tokens to give back, must be at least 1, got -5"), stderr)
+		// A negative flag value is still a flag's value.
+		code, _, stderr = pgrl(url, with("allow", "k1", "--cost", "-5")...)
+		require.Equal(t, 2, code)
+		require.Contains(t, stderr, "--cost must be at least 1, got -5")
+	})
 }
