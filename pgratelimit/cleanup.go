@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // CleanupOptions tune DeleteExpired.
@@ -26,6 +27,10 @@ type CleanupOptions struct {
 	// StatementTimeout bounds each batch's DELETE (SET LOCAL
 	// statement_timeout). Defaults to 10 seconds.
 	StatementTimeout time.Duration
+
+	// MeterProvider receives the pgratelimit.cleanup.deleted counter.
+	// Defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
 }
 
 func (o *CleanupOptions) setDefaults() error {
@@ -86,6 +91,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	}
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
+	deleted := cleanupCounter(opts.MeterProvider)
 	for _, table := range []string{DurableTable, EphemeralTable} {
 		t := pgx.Identifier{table}.Sanitize()
 		del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
@@ -109,6 +115,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 			}
 			st.Batches++
 			st.Deleted += n
+			deleted.Add(context.WithoutCancel(ctx), n)
 			if n < int64(opts.BatchSize) {
 				break
 			}
@@ -156,10 +163,12 @@ type CleanerConfig struct {
 	// jitter so instances drift apart. Defaults to 1 minute.
 	Interval time.Duration
 
-	// BatchSize, Clock and StatementTimeout are as in CleanupOptions.
+	// BatchSize, Clock, StatementTimeout and MeterProvider are as in
+	// CleanupOptions.
 	BatchSize        int
 	Clock            func() time.Time
 	StatementTimeout time.Duration
+	MeterProvider    metric.MeterProvider
 
 	// Logger receives a line per run (rows deleted, batches, duration) at
 	// Info, or Warn for a failed run. Defaults to nil: discard.
@@ -194,7 +203,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Minute
 	}
-	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout}
+	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout, MeterProvider: cfg.MeterProvider}
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}

@@ -2,295 +2,341 @@ package pgratelimit
 
 import (
 	"context"
-	"errors"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
+	"weak"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Coalescing: when checks arrive through one Limiter faster than its
-// transactions finish, the waiting checks are decided together in one
-// transaction of the same shape as a single check:
+// Coalescing: checks that arrive through the limiters of one pool while its
+// transactions are busy wait in a queue and are then decided together, in
+// arrival order, in one engine transaction (see engine.go). A check that finds
+// a free slot and nobody queued runs at once, alone. There is no timer and no
+// goroutine while the pool is idle.
 //
-//	BEGIN
-//	INSERT ... SELECT unnest(sorted distinct keys) ON CONFLICT DO NOTHING
-//	SELECT ... WHERE key = ANY(keys) ORDER BY key FOR UPDATE  -- and the clock
-//	-- every check decided in Go, in arrival order
-//	UPDATE ... FROM unnest(changed rows)
-//	COMMIT
-//
-// Rows are locked in key order, so batches cannot deadlock each other. A
-// batch forms only from checks that queued while other batches ran: there is
-// no timer, and a check that finds a free slot runs alone on the per-check
-// path at once. No goroutine runs while the limiter is idle: when a batch
-// ends, its slot is handed to the first queued check, which starts the
-// queue's head as the next batch on a goroutine of its own. Every caller
-// waits for its own result or its own context, whichever comes first.
+// A batch locks with SKIP LOCKED, so it never waits for a row that another
+// transaction holds (an AllowNTx in a long transaction, another app
+// instance's batch): the checks of such a row, and every later check sharing
+// a row with them, are parked in a lane of that row. A lane is a transaction
+// that waits for its rows' locks alone, outside the batch slots; checks that
+// queue up behind it go in its next transaction together. Each row's checks
+// are decided in arrival order, whichever way they go, and two batches of
+// one coalescer never hold the same row: a check whose row is in a batch in
+// flight waits for the next.
 
 const (
-	defaultMaxBatch = 256
+	defaultCoalesceConns = 2
+	maxBatch             = 256
 	// queueFactor bounds the queue at this many full batches per slot;
-	// beyond it checks take the per-check path (and wait for a connection as
-	// they would without coalescing).
+	// beyond it checks run alone, waiting for their rows' locks, as they
+	// would without coalescing.
 	queueFactor = 4
 )
 
-type pendingState int
-
-const (
-	queued  pendingState = iota // in c.queue
-	leading                     // handed a slot; starts the next batch
-	taken                       // in a batch
-)
+// group is what the checks of one transaction must share: the clock and the
+// transaction settings of their limiters.
+type group struct {
+	clock       *Limiter // whose Config.Clock; nil: the database's
+	lockTimeout time.Duration
+	async       bool
+}
 
 type pending struct {
-	ctx   context.Context
-	key   string
-	cost  int64
-	state pendingState // guarded by coalescer.mu
-	lead  chan struct{}
-	done  chan struct{}
-	res   Result
-	err   error
+	req  *request
+	lim  *Limiter // the first charge's: pool, clock, settings
+	grp  group
+	rows []row
+	done chan struct{}
+}
+
+// lane is one transaction of parked checks, run when the lanes before it on
+// its rows (deps) are done.
+type lane struct {
+	reqs    []*pending
+	rows    []row
+	deps    []*lane
+	started bool // guarded by coalescer.mu; no more checks join it
+	done    chan struct{}
 }
 
 type coalescer struct {
-	l        *Limiter
-	maxSlots int // batches (and per-check transactions) in flight at most
-	maxBatch int
-
-	mu    sync.Mutex
-	busy  int // slots in use
-	queue []*pending
+	mu       sync.Mutex
+	slots    int // batches in flight at most
+	busy     int // batches in flight
+	queue    []*pending
+	inflight map[row]int   // rows of the batches in flight
+	parked   map[row]*lane // each row's last lane
+	lanes    chan struct{} // lane transactions in flight, at most cap(lanes)
 }
 
-func newCoalescer(l *Limiter, maxSlots, maxBatch int) *coalescer {
-	return &coalescer{l: l, maxSlots: max(maxSlots, 1), maxBatch: max(maxBatch, 2)}
+// The coalescer of each pool, shared by its limiters; an entry goes when its
+// pool is garbage collected.
+var coalescers struct {
+	sync.Mutex
+	m map[weak.Pointer[pgxpool.Pool]]*coalescer
 }
 
-// allowN is AllowN through the coalescer.
-func (c *coalescer) allowN(ctx context.Context, key string, cost int64) (Result, error) {
+// coalescerFor returns pool's coalescer, making sure it runs at least conns
+// batches at once (capped at the pool's MaxConns).
+func coalescerFor(pool *pgxpool.Pool, conns int) *coalescer {
+	maxConns := int(pool.Config().MaxConns)
+	slots := max(min(conns, maxConns), 1)
+	wp := weak.Make(pool)
+	coalescers.Lock()
+	defer coalescers.Unlock()
+	if coalescers.m == nil {
+		coalescers.m = make(map[weak.Pointer[pgxpool.Pool]]*coalescer)
+	}
+	c := coalescers.m[wp]
+	if c == nil {
+		c = &coalescer{
+			slots:    slots,
+			inflight: make(map[row]int),
+			parked:   make(map[row]*lane),
+			// Lanes wait for row locks on connections of their own: leave
+			// the batches theirs.
+			lanes: make(chan struct{}, max(maxConns-slots, 1)),
+		}
+		coalescers.m[wp] = c
+		runtime.AddCleanup(pool, func(wp weak.Pointer[pgxpool.Pool]) {
+			coalescers.Lock()
+			delete(coalescers.m, wp)
+			coalescers.Unlock()
+		}, wp)
+	}
 	c.mu.Lock()
-	if c.busy < c.maxSlots && len(c.queue) == 0 {
-		// A free slot and nobody waiting: a batch of one, today's path.
-		c.busy++
-		c.mu.Unlock()
-		res, err := c.l.allowOne(ctx, key, cost)
-		c.release()
-		return res, err
-	}
-	if len(c.queue) >= c.maxSlots*c.maxBatch*queueFactor {
-		c.mu.Unlock()
-		return c.l.allowOne(ctx, key, cost)
-	}
-	p := &pending{ctx: ctx, key: key, cost: cost, lead: make(chan struct{}), done: make(chan struct{})}
-	c.queue = append(c.queue, p)
+	c.slots = max(c.slots, slots)
 	c.mu.Unlock()
+	return c
+}
 
-	lead := p.lead
-	for {
-		select {
-		case <-lead:
-			c.lead(p)
-			lead = nil // keep waiting for the result
-		case <-p.done:
-			return p.res, p.err
-		case <-ctx.Done():
-			c.mu.Lock()
-			state := p.state
-			if state == queued {
-				c.queue = slices.DeleteFunc(c.queue, func(q *pending) bool { return q == p })
-			}
+// do runs q through the coalescer and returns its outcome, or ctx's error as
+// soon as q's context ends.
+func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
+	p := &pending{req: q, lim: lim, grp: lim.group(), rows: q.rows(), done: make(chan struct{})}
+	c.mu.Lock()
+	switch {
+	case len(c.queue) > 0:
+		if len(c.queue) >= c.slots*maxBatch*queueFactor {
 			c.mu.Unlock()
-			if state == leading {
-				c.lead(p) // handed a slot: start the batch for the others
-			}
-			// Queued: nothing was spent. In a batch: it skips checks whose
-			// context ended before it decided, so at worst tokens are spent
-			// without being reported, never reported without being spent.
-			return Result{}, ctx.Err()
+			return runAlone(p)
+		}
+		c.queue = append(c.queue, p)
+		c.mu.Unlock()
+	case c.anyParked(p.rows):
+		c.park(p)
+		c.mu.Unlock()
+	case c.busy < c.slots && !c.anyInflight(p.rows):
+		// A free slot and nobody waiting: a batch of one, at once, on this
+		// goroutine.
+		c.busy++
+		c.markInflight(p.rows, 1)
+		c.mu.Unlock()
+		c.runBatch([]*pending{p})
+	default:
+		c.queue = append(c.queue, p)
+		c.mu.Unlock()
+	}
+	select {
+	case <-p.done:
+		return q.out, q.err
+	case <-q.ctx.Done():
+		c.mu.Lock()
+		c.queue = slices.DeleteFunc(c.queue, func(o *pending) bool { return o == p })
+		c.mu.Unlock()
+		// Queued: nothing was spent. In a batch or a lane: the engine skips
+		// checks whose context ended before it decided, so at worst tokens
+		// are spent without being reported, never reported without being
+		// spent.
+		return MultiResult{}, q.ctx.Err()
+	}
+}
+
+// runAlone runs p in a transaction of its own that waits for its rows.
+func runAlone(p *pending) (MultiResult, error) {
+	_, err := runOwn(p.req.ctx, p.lim.pool, &txRun{reqs: []*request{p.req}, clock: p.lim.now(), settings: p.lim.waitSettings})
+	if err != nil {
+		return MultiResult{}, dbError("check", err)
+	}
+	return p.req.out, ctxErrIfUndecided(p.req)
+}
+
+func (c *coalescer) anyParked(rows []row) bool {
+	return slices.ContainsFunc(rows, func(r row) bool { return c.parked[r] != nil })
+}
+
+func (c *coalescer) anyInflight(rows []row) bool {
+	return slices.ContainsFunc(rows, func(r row) bool { return c.inflight[r] > 0 })
+}
+
+func (c *coalescer) markInflight(rows []row, d int) {
+	for _, r := range rows {
+		if c.inflight[r] += d; c.inflight[r] == 0 {
+			delete(c.inflight, r)
 		}
 	}
 }
 
-// release frees a slot, or hands it to the first queued check.
-func (c *coalescer) release() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.queue) == 0 {
-		c.busy--
-		return
-	}
-	next := c.queue[0]
-	c.queue = c.queue[1:]
-	next.state = leading
-	close(next.lead)
-}
-
-// lead starts the batch that p heads (p plus the queue's head) on a
-// goroutine of its own, which hands the slot on when it ends; the members,
-// p among them, wait for their results or their contexts.
-func (c *coalescer) lead(p *pending) {
-	c.mu.Lock()
-	p.state = taken
-	n := min(len(c.queue), c.maxBatch-1)
-	batch := make([]*pending, 0, n+1)
-	batch = append(batch, p)
-	for _, q := range c.queue[:n] {
-		q.state = taken
-		batch = append(batch, q)
-	}
-	c.queue = slices.Delete(c.queue, 0, n)
-	c.mu.Unlock()
-
-	go func() {
-		if len(batch) == 1 {
-			p.res, p.err = c.l.allowOne(p.ctx, p.key, p.cost)
-			close(p.done)
-		} else {
-			c.l.runBatch(batch)
-		}
-		c.release()
-	}()
-}
-
-// batchContext is the context a batch runs in: it is not cancelled when one
-// member's context is (the others still want their answers), and it has the
-// latest of the members' deadlines if they all have one.
-func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
-	var latest time.Time
-	for _, p := range batch {
-		dl, ok := p.ctx.Deadline()
-		if !ok {
-			return context.WithCancel(context.Background())
-		}
-		if dl.After(latest) {
-			latest = dl
-		}
-	}
-	return context.WithDeadline(context.Background(), latest)
-}
-
-// runBatch decides batch (two or more checks) in one transaction and
-// delivers every member's result.
-func (l *Limiter) runBatch(batch []*pending) {
+// runBatch decides batch in one transaction that skips locked rows, delivers
+// the decided checks' outcomes, parks the others, and starts the next
+// batches.
+func (c *coalescer) runBatch(batch []*pending) {
 	ctx, cancel := batchContext(batch)
-	defer cancel()
-	var err error
-	for try := 1; try <= maxVanishTries; try++ {
-		// After rows vanished twice, lock them with the upsert, which
-		// always returns every row: still in key order, but it writes a
-		// row version for each key, so it is only the last resort.
-		upsert := try == maxVanishTries
-		_, err = l.inOwnTx(ctx, "coalesced check", func(ctx context.Context, q querier) (Result, error) {
-			return Result{}, l.batchTx(ctx, q, batch, upsert)
-		})
-		if !errors.Is(err, errVanished) {
-			break
-		}
-		l.log.DebugContext(ctx, "pgratelimit: bucket rows deleted concurrently, retrying the batch", "prefix", l.cfg.Prefix, "try", try)
+	lim := batch[0].lim
+	reqs := make([]*request, len(batch))
+	for i, p := range batch {
+		reqs[i] = p.req
 	}
+	deferred, err := runOwn(ctx, lim.pool, &txRun{reqs: reqs, clock: lim.now(), skip: true, settings: lim.batchSettings})
+	cancel()
+	lim.metrics.batchSize(ctx, len(batch))
+
+	c.mu.Lock()
 	for _, p := range batch {
-		if err != nil && p.err == nil {
-			p.res, p.err = Result{}, err
+		c.markInflight(p.rows, -1)
+		switch {
+		case slices.Contains(deferred, p.req):
+			c.park(p)
+			continue
+		case err != nil:
+			p.req.err = dbError("coalesced check", err)
 		}
 		close(p.done)
 	}
+	c.busy--
+	next := c.formBatches()
+	c.mu.Unlock()
+	for _, b := range next {
+		go c.runBatch(b)
+	}
 }
 
-// errVanished means rows of a batch were deleted between its INSERT and its
-// SELECT. The batch rolls back and runs again: inserting them again inside
-// the transaction would lock them out of key order (a deadlock risk).
-var errVanished = errors.New("pgratelimit: bucket rows deleted concurrently")
-
-// maxVanishTries bounds the runs of a batch whose rows vanish.
-const maxVanishTries = 3
-
-// batchTx runs a batch's transaction on q and sets each member's res (or
-// err, for members whose context ended before the decision).
-func (l *Limiter) batchTx(ctx context.Context, q querier, batch []*pending, upsert bool) error {
-	now := l.now()
-	keys := make([]string, 0, len(batch))
-	first := map[string]int64{} // each key's first cost, for the new row's expiry
-	for _, p := range batch {
-		if _, ok := first[p.key]; !ok {
-			first[p.key] = p.cost
-			keys = append(keys, p.key)
+// formBatches takes batches off the queue while slots are free.
+func (c *coalescer) formBatches() [][]*pending {
+	var out [][]*pending
+	for c.busy < c.slots && len(c.queue) > 0 {
+		b := c.form()
+		if len(b) == 0 {
+			break
 		}
+		c.busy++
+		out = append(out, b)
 	}
-	slices.Sort(keys) // byte order, as the tables' COLLATE "C"
-	horizons := make([]time.Duration, len(keys))
-	for i, k := range keys {
-		horizons[i] = l.p.untilTokens(bucket{tokens: l.p.capacity - first[k]}, time.Time{}, l.p.capacity)
-	}
+	return out
+}
 
-	rows := make(map[string]bucket, len(keys))
-	// Each row comes with the clock read after it was locked; rows are
-	// locked in order, so the last one read is after every lock is held.
-	var dbNow time.Time
-	scan := func(r pgx.Rows) error {
-		for r.Next() {
-			var k string
-			var b bucket
-			if err := r.Scan(&k, &b.tokens, &b.refilledAt, &b.expiresAt, &dbNow); err != nil {
-				return err
-			}
-			rows[k] = b
+// form takes the next batch off the queue: checks in arrival order, of one
+// group, none sharing a row with a batch in flight or with a check left
+// queued before it. Checks of parked rows join their lanes.
+func (c *coalescer) form() []*pending {
+	var batch, keep []*pending
+	held := make(map[row]bool)
+	for i, p := range c.queue {
+		if len(batch) == maxBatch {
+			keep = append(keep, c.queue[i:]...)
+			break
 		}
-		return r.Err()
-	}
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	// Plan each batch's statements for its own arrays: measured 2-3x
-	// faster than the generic plans a connection caches (built while the
-	// table was small, and costed for arrays of unknown size).
-	b.Queue("SET LOCAL plan_cache_mode = force_custom_plan")
-	l.queueSettings(b)
-	if upsert {
-		b.Queue(l.sql.relockMany, l.cfg.Prefix, keys, l.p.capacity, now, horizons).Query(scan)
-	} else {
-		b.Queue(l.sql.insertMany, l.cfg.Prefix, keys, l.p.capacity, now, horizons)
-		b.Queue(l.sql.lockMany, l.cfg.Prefix, keys, now).Query(scan)
-	}
-	if err := q.SendBatch(ctx, b).Close(); err != nil {
-		return err
-	}
-	if len(rows) < len(keys) {
-		return errVanished
-	}
-
-	// Decide in arrival order, each key's state carried from check to check.
-	state := make(map[string]bucket, len(keys))
-	for k, b := range rows {
-		state[k] = l.p.load(b, dbNow)
-	}
-	for _, p := range batch {
-		if err := p.ctx.Err(); err != nil {
-			p.err = err // gave up before the decision: nothing spent
+		switch {
+		case slices.ContainsFunc(p.rows, func(r row) bool { return held[r] }):
+		case c.anyParked(p.rows):
+			c.park(p)
+			continue
+		case !c.anyInflight(p.rows) && (len(batch) == 0 || p.grp == batch[0].grp):
+			batch = append(batch, p)
+			c.markInflight(p.rows, 1)
 			continue
 		}
-		p.res = Result{}
-		state[p.key], p.res = l.p.take(state[p.key], dbNow, p.cost)
+		for _, r := range p.rows {
+			held[r] = true
+		}
+		keep = append(keep, p)
 	}
-	var (
-		uKeys          []string
-		uTokens        []int64
-		uRefill, uExps []time.Time
-	)
-	for _, k := range keys {
-		if nb := state[k]; !nb.same(l.p.load(rows[k], dbNow)) {
-			uKeys = append(uKeys, k)
-			uTokens = append(uTokens, nb.tokens)
-			uRefill = append(uRefill, nb.refilledAt)
-			uExps = append(uExps, nb.expiresAt)
+	clear(c.queue)
+	c.queue = append(c.queue[:0], keep...)
+	return batch
+}
+
+// park puts p in a lane behind the lanes of its rows: it joins the last one
+// if that has not started and is for p's one row, else a new lane starts.
+func (c *coalescer) park(p *pending) {
+	var deps []*lane
+	for _, r := range p.rows {
+		if ln := c.parked[r]; ln != nil && !slices.Contains(deps, ln) {
+			deps = append(deps, ln)
 		}
 	}
-	b = &pgx.Batch{}
-	if len(uKeys) > 0 {
-		b.Queue(l.sql.updateMany, l.cfg.Prefix, uKeys, uTokens, uRefill, uExps)
+	if len(deps) == 1 && !deps[0].started && len(p.rows) == 1 && len(deps[0].rows) == 1 && deps[0].reqs[0].grp == p.grp {
+		deps[0].reqs = append(deps[0].reqs, p)
+		return
 	}
-	b.Queue("COMMIT")
-	return q.SendBatch(ctx, b).Close()
+	ln := &lane{reqs: []*pending{p}, rows: p.rows, deps: deps, done: make(chan struct{})}
+	for _, r := range p.rows {
+		c.parked[r] = ln
+	}
+	go c.runLane(ln)
+}
+
+// runLane waits for the lanes before ln, then runs its checks in one
+// transaction that waits for their rows' locks.
+func (c *coalescer) runLane(ln *lane) {
+	for _, d := range ln.deps {
+		<-d.done
+	}
+	c.lanes <- struct{}{}
+	c.mu.Lock()
+	ln.started = true
+	batch := ln.reqs
+	c.mu.Unlock()
+
+	ctx, cancel := batchContext(batch)
+	lim := batch[0].lim
+	reqs := make([]*request, len(batch))
+	for i, p := range batch {
+		reqs[i] = p.req
+	}
+	_, err := runOwn(ctx, lim.pool, &txRun{reqs: reqs, clock: lim.now(), settings: lim.waitSettings})
+	cancel()
+	<-c.lanes
+
+	c.mu.Lock()
+	for _, r := range ln.rows {
+		if c.parked[r] == ln {
+			delete(c.parked, r)
+		}
+	}
+	c.mu.Unlock()
+	for _, p := range batch {
+		if err != nil {
+			p.req.err = dbError("check", err)
+		}
+		close(p.done)
+	}
+	close(ln.done)
+}
+
+// batchContext is the context a transaction of several checks runs in: it
+// ends when every member's context has ended (the others still want their
+// answers until then).
+func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int64
+	left.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, p := range batch {
+		stops[i] = context.AfterFunc(p.req.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }

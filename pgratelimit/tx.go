@@ -2,29 +2,133 @@ package pgratelimit
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 )
 
 // AllowNTx is AllowN inside the caller's transaction tx: the tokens are spent
 // only if tx commits, so a service can charge credits atomically with its own
-// write (and a rollback gives them back).
+// write (and a rollback gives them back). It sends the same statements as
+// AllowN, without BEGIN and COMMIT, and never coalesces.
 //
 // The bucket's row stays locked until tx ends, so other checks of the same key
-// wait for it: keep such transactions short. Under REPEATABLE READ or
-// SERIALIZABLE a concurrent check of the same key makes this one fail with a
-// serialization error (SQLSTATE 40001); retry the transaction as for any
-// other. On an error the transaction is in a failed state: roll it back.
+// wait for it (checks of other keys do not): keep such transactions short.
+// Under REPEATABLE READ or SERIALIZABLE a concurrent check of the same key
+// makes this one fail with a serialization error (SQLSTATE 40001); retry the
+// transaction as for any other. On an error the transaction is in a failed
+// state: roll it back.
 func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int64) (Result, error) {
-	if err := validateKey(key); err != nil {
-		return Result{}, err
+	return l.allowInTx(ctx, pgxExecutor{tx}, key, cost)
+}
+
+// AllowNSQLTx is AllowNTx for a database/sql transaction, with any
+// PostgreSQL driver (pgx's stdlib, lib/pq, ...): the same statements in tx,
+// spent only if tx commits, the row lock held until then. GORM exposes its
+// *sql.Tx as db.Begin().Statement.ConnPool.(*sql.Tx), bun as bun.Tx.Tx, and
+// sqlc code takes the *sql.Tx you begin yourself.
+func (l *Limiter) AllowNSQLTx(ctx context.Context, tx *sql.Tx, key string, cost int64) (Result, error) {
+	if tx == nil {
+		return Result{}, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
-	if err := l.p.validateCost(cost); err != nil {
-		return Result{}, err
-	}
-	res, err := l.check(ctx, tx, key, false, cost, l.takeOp(cost))
+	return l.allowInTx(ctx, sqlExecutor{tx}, key, cost)
+}
+
+func (l *Limiter) allowInTx(ctx context.Context, ex executor, key string, cost int64) (Result, error) {
+	m, err := allowAllIn(ctx, ex, "check "+quoteKey(key)+" in transaction", Charge{Limiter: l, Key: key, Cost: cost})
 	if err != nil {
-		return Result{}, dbError("check "+quoteKey(key)+" in transaction", err)
+		return Result{}, err
 	}
-	return res, nil
+	return m.Results[0], nil
+}
+
+// AllowAllTx is AllowAll inside the caller's transaction tx: every charge is
+// spent only if tx commits. The rows stay locked until tx ends; see AllowNTx.
+func AllowAllTx(ctx context.Context, tx pgx.Tx, charges ...Charge) (MultiResult, error) {
+	return allowAllIn(ctx, pgxExecutor{tx}, "AllowAll in transaction", charges...)
+}
+
+// AllowAllSQLTx is AllowAllTx for a database/sql transaction (see
+// AllowNSQLTx).
+func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiResult, error) {
+	if tx == nil {
+		return MultiResult{}, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	}
+	return allowAllIn(ctx, sqlExecutor{tx}, "AllowAll in transaction", charges...)
+}
+
+// allowAllIn runs the charges in the caller's transaction.
+func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge) (MultiResult, error) {
+	q, first, err := newRequest(ctx, charges)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	start := first.metrics.start()
+	t := &txRun{reqs: []*request{q}, clock: first.now()}
+	if _, err := t.exec(ctx, ex, false); err != nil {
+		q.err = dbError(what, err)
+	}
+	if q.err == nil {
+		q.err = ctxErrIfUndecided(q)
+	}
+	record(start, q, charges)
+	return q.out, q.err
+}
+
+// ctxErrIfUndecided is the error of a request the engine skipped because its
+// context had ended.
+func ctxErrIfUndecided(q *request) error {
+	if q.out.Results == nil {
+		if err := q.ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pgxExecutor pipelines statements in one pgx batch, on a pool connection
+// or in a pgx.Tx.
+type pgxExecutor struct {
+	q interface {
+		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	}
+}
+
+func (e pgxExecutor) pipeline(ctx context.Context, stmts []stmt) error {
+	b := &pgx.Batch{}
+	for _, s := range stmts {
+		qq := b.Queue(s.sql, s.args...)
+		if scan := s.scan; scan != nil {
+			qq.Query(func(rows pgx.Rows) error { return scan(rows) })
+		}
+	}
+	return e.q.SendBatch(ctx, b).Close()
+}
+
+// sqlExecutor runs statements one after another in a database/sql
+// transaction, which cannot pipeline.
+type sqlExecutor struct{ tx *sql.Tx }
+
+func (e sqlExecutor) pipeline(ctx context.Context, stmts []stmt) error {
+	for _, s := range stmts {
+		if s.scan == nil {
+			if _, err := e.tx.ExecContext(ctx, s.sql, s.args...); err != nil {
+				return err
+			}
+			continue
+		}
+		rows, err := e.tx.QueryContext(ctx, s.sql, s.args...)
+		if err != nil {
+			return err
+		}
+		err = s.scan(rows)
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,0 +1,177 @@
+package pgratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// A transaction of many requests gives every one exactly the outcome it gets
+// one by one, in the same order: single checks and AllowAlls, limiters that
+// share a prefix with different policies (plans), both storages, the same
+// bucket charged twice in one call.
+func TestBatchEqualsOneByOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	limiters := func() []*Limiter {
+		pool := testdb.Pool(t)
+		var ls []*Limiter
+		for _, cfg := range []Config{
+			{Prefix: "free", Capacity: 9, Refill: 2, Interval: time.Second},
+			{Prefix: "free", Capacity: 20, Refill: 5, Interval: 3 * time.Second}, // a bigger plan, same buckets
+			{Prefix: "org", Capacity: 30, Refill: 1, Interval: 500 * time.Millisecond, Storage: Ephemeral},
+		} {
+			cfg.Clock, cfg.DisableCoalescing = clock, true
+			l, err := New(pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ls = append(ls, l)
+		}
+		return ls
+	}
+	batched, single := limiters(), limiters()
+	mkRequest := func(ls []*Limiter, spec [][3]int) *request {
+		var cs []Charge
+		for _, s := range spec {
+			cs = append(cs, Charge{Limiter: ls[s[0]], Key: fmt.Sprintf("k%d", s[1]), Cost: int64(s[2])})
+		}
+		q, _, err := newRequest(ctx, cs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for round := range 40 {
+		now = now.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
+		var specs [][][3]int
+		for range 2 + rng.IntN(30) {
+			var spec [][3]int
+			for range 1 + rng.IntN(3) {
+				spec = append(spec, [3]int{rng.IntN(3), rng.IntN(4), 1 + rng.IntN(4)})
+			}
+			specs = append(specs, spec)
+		}
+		var reqs []*request
+		for _, spec := range specs {
+			reqs = append(reqs, mkRequest(batched, spec))
+		}
+		if _, err := runOwn(ctx, batched[0].pool, &txRun{reqs: reqs, clock: batched[0].now()}); err != nil {
+			t.Fatal(err)
+		}
+		for i, spec := range specs {
+			want := mkRequest(single, spec)
+			if _, err := runOwn(ctx, single[0].pool, &txRun{reqs: []*request{want}, clock: single[0].now()}); err != nil {
+				t.Fatal(err)
+			}
+			if reqs[i].err != nil || !reflect.DeepEqual(reqs[i].out, want.out) {
+				t.Fatalf("round %d request %d %v: together %+v (%v), one by one %+v", round, i, spec, reqs[i].out, reqs[i].err, want.out)
+			}
+		}
+	}
+	for i := range batched {
+		for k := range 4 {
+			key := fmt.Sprintf("k%d", k)
+			a, _ := batched[i].Peek(ctx, key)
+			b, _ := single[i].Peek(ctx, key)
+			if a != b {
+				t.Fatalf("limiter %d %s: together %+v, one by one %+v", i, key, a, b)
+			}
+		}
+	}
+}
+
+// A member whose context ended before the decision spends nothing and leaves
+// no row behind; the others are decided as if it were not there.
+func TestCancelledMemberSpendsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	l, err := New(pool, Config{Prefix: "c", Capacity: 100, Refill: 1, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead, cancel := context.WithCancel(ctx)
+	cancel()
+	mk := func(ctx context.Context, key string, cost int64) *request {
+		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: cost}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	reqs := []*request{mk(ctx, "k", 1), mk(dead, "k", 50), mk(dead, "new", 1), mk(ctx, "k", 2)}
+	if _, err := runOwn(ctx, pool, &txRun{reqs: reqs, skip: true, settings: l.batchSettings}); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(reqs[1].err, context.Canceled) || !errors.Is(reqs[2].err, context.Canceled) || reqs[0].err != nil || reqs[3].err != nil {
+		t.Fatalf("errors: %v %v %v %v", reqs[0].err, reqs[1].err, reqs[2].err, reqs[3].err)
+	}
+	if got := reqs[3].out.Results[0].Remaining; got != 97 {
+		t.Fatalf("remaining %d, want 97", got)
+	}
+	// The skipped check of a new key leaves at most a placeholder, which
+	// reads as a missing row: its first real check starts its grid.
+	var expired bool
+	if err := pool.QueryRow(ctx, `SELECT coalesce(bool_and(expires_at < now()), true) FROM pgratelimit_buckets WHERE key = 'new'`).Scan(&expired); err != nil || !expired {
+		t.Fatalf("a skipped check left a live row: %v %v", expired, err)
+	}
+}
+
+// A caller whose context ends while queued returns at once, spending
+// nothing, and leaves the queue.
+func TestQueuedCallerLeaves(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := New(testdb.Pool(t), Config{Prefix: "c", Capacity: 100, Refill: 1, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	co := l.co
+	co.mu.Lock()
+	co.busy = co.slots // hold every slot so checks queue
+	co.mu.Unlock()
+	cctx, cancel := context.WithCancel(ctx)
+	ret := make(chan error)
+	go func() {
+		_, err := l.AllowN(cctx, "k", 5)
+		ret <- err
+	}()
+	for {
+		co.mu.Lock()
+		n := len(co.queue)
+		co.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-ret; !errors.Is(err, context.Canceled) {
+		t.Fatalf("queued check returned %v", err)
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	if len(co.queue) != 0 {
+		t.Fatal("cancelled check left in the queue")
+	}
+	co.busy = 0
+}
+
+func TestTextArrays(t *testing.T) {
+	got := textArray(3, func(i int) string { return []string{`a"b`, `c\d`, `é,{}`}[i] })
+	if want := `{"a\"b","c\\d","é,{}"}`; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}

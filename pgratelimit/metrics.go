@@ -1,0 +1,80 @@
+package pgratelimit
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// instruments are a limiter's OpenTelemetry instruments, with the attribute
+// sets of its results made once, so recording allocates nothing.
+type instruments struct {
+	checks                   metric.Int64Counter
+	duration                 metric.Float64Histogram
+	batch                    metric.Int64Histogram
+	allowed, denied, errored metric.MeasurementOption
+}
+
+const meterName = "github.com/pgratelimit/pgratelimit"
+
+func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(meterName)
+	in := &instruments{}
+	// The API returns a working no-op instrument along with any error, so
+	// a provider that refuses one only loses that instrument.
+	in.checks, _ = m.Int64Counter("pgratelimit.checks", metric.WithUnit("{check}"),
+		metric.WithDescription("Checks decided, one per charge of AllowAll, by limiter prefix and result (allowed, denied, error)."))
+	in.duration, _ = m.Float64Histogram("pgratelimit.check.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long a check took, from the call to its result, by limiter prefix and result."))
+	in.batch, _ = m.Int64Histogram("pgratelimit.batch.size", metric.WithUnit("{check}"),
+		metric.WithDescription("Checks per coalesced transaction."))
+	set := func(result string) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("pgratelimit.prefix", prefix),
+			attribute.String("pgratelimit.result", result)))
+	}
+	in.allowed, in.denied, in.errored = set("allowed"), set("denied"), set("error")
+	return in
+}
+
+func (in *instruments) start() time.Time { return time.Now() }
+
+func (in *instruments) batchSize(ctx context.Context, n int) {
+	in.batch.Record(context.WithoutCancel(ctx), int64(n))
+}
+
+// record counts a finished call: one check per charge, each recorded by its
+// own limiter.
+func record(start time.Time, q *request, charges []Charge) {
+	secs := time.Since(start).Seconds()
+	ctx := context.WithoutCancel(q.ctx)
+	for _, c := range charges {
+		in := c.Limiter.metrics
+		attrs := in.errored
+		switch {
+		case q.err != nil:
+		case q.out.Allowed:
+			attrs = in.allowed
+		default:
+			attrs = in.denied
+		}
+		in.checks.Add(ctx, 1, attrs)
+		in.duration.Record(ctx, secs, attrs)
+	}
+}
+
+// cleanupCounter is the counter of rows deleted by cleanup.
+func cleanupCounter(mp metric.MeterProvider) metric.Int64Counter {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, _ := mp.Meter(meterName).Int64Counter("pgratelimit.cleanup.deleted", metric.WithUnit("{row}"),
+		metric.WithDescription("Expired bucket rows deleted by cleanup."))
+	return c
+}

@@ -1,0 +1,124 @@
+package pgratelimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Charge is one bucket that AllowAll takes from: Cost tokens of Limiter's
+// bucket for Key.
+type Charge struct {
+	Limiter *Limiter
+	Key     string
+	Cost    int64
+}
+
+// MultiResult is the outcome of AllowAll.
+type MultiResult struct {
+	// Allowed says that every charge took its tokens; when false, none did
+	// and nothing was written.
+	Allowed bool
+	// Results holds one Result per charge, in the order given. Results[i]
+	// describes charge i's bucket as AllowN would: Allowed says whether that
+	// bucket alone had enough tokens (so the caller can tell which limit
+	// said no), Remaining is the bucket after the decision (unchanged when
+	// the call is denied), RetryAfter and ResetAfter as for AllowN.
+	Results []Result
+	// RetryAfter is, when denied, how long until every charge would be
+	// allowed (the largest RetryAfter among Results); 0 when allowed.
+	RetryAfter time.Duration
+}
+
+// AllowAll charges several buckets at once, all or nothing: every charge
+// takes its cost from its bucket if each bucket holds enough, else none takes
+// anything and nothing is written. "10 per second and 1000 per day" on one
+// API key, or "the user's credits and the organization's" for one job, are
+// two charges of one call.
+//
+// It is one transaction of the same shape as a single check over all the
+// charges' rows, locked in one global order (table, prefix, key), so no two
+// calls can deadlock whatever order their charges are listed in. Charges of
+// the same bucket (same Storage, Prefix and key) add up; durable and
+// ephemeral limiters can be charged together. The clock, LockTimeout and
+// AsyncCommit of the first charge's Limiter apply to the transaction. It is
+// coalesced with other checks of the pool unless a charged Limiter has
+// DisableCoalescing.
+//
+// Every Limiter must use the same pool; otherwise, and for a nil Limiter or
+// no charges, the error wraps ErrInvalidConfig. A bad key, a cost below 1, or
+// a cost (summed per bucket) above that bucket's Capacity is ErrInvalidKey,
+// ErrInvalidCost or ErrCostExceedsCapacity, before any database access.
+func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
+	q, first, err := newRequest(ctx, charges)
+	if err != nil {
+		return MultiResult{}, err
+	}
+	start := first.metrics.start()
+	var m MultiResult
+	if co := coalescerOf(charges); co != nil {
+		m, err = co.do(q, first)
+	} else {
+		m, err = runAlone(&pending{req: q, lim: first})
+	}
+	if err != nil {
+		q.err = err
+	}
+	record(start, q, charges)
+	return m, err
+}
+
+// coalescerOf returns the pool's coalescer if every charged limiter
+// coalesces.
+func coalescerOf(charges []Charge) *coalescer {
+	for _, c := range charges {
+		if c.Limiter.co == nil {
+			return nil
+		}
+	}
+	return charges[0].Limiter.co
+}
+
+// newRequest validates charges, before any database access, and merges the
+// charges of each bucket.
+func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, error) {
+	if len(charges) == 0 {
+		return nil, nil, fmt.Errorf("%w: AllowAll needs at least one charge", ErrInvalidConfig)
+	}
+	first := charges[0].Limiter
+	q := &request{ctx: ctx, charges: make([]charge, 0, len(charges))}
+	if len(charges) > 1 {
+		q.of = make([]int, len(charges))
+	}
+	for i, c := range charges {
+		l := c.Limiter
+		switch {
+		case l == nil:
+			return nil, nil, fmt.Errorf("%w: charge %d has a nil Limiter", ErrInvalidConfig, i)
+		case l.pool != first.pool:
+			return nil, nil, fmt.Errorf("%w: charge %d's Limiter uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
+		}
+		if err := validateKey(c.Key); err != nil {
+			return nil, nil, err
+		}
+		if c.Cost < 1 {
+			return nil, nil, fmt.Errorf("%w: %d is below 1", ErrInvalidCost, c.Cost)
+		}
+		r := l.row(c.Key)
+		j := 0
+		for j < len(q.charges) && q.charges[j].row != r {
+			j++
+		}
+		if j == len(q.charges) {
+			q.charges = append(q.charges, charge{row: r, policy: l.p})
+		}
+		q.charges[j].cost = addSat(q.charges[j].cost, c.Cost)
+		if q.of != nil {
+			q.of[i] = j
+		}
+		if q.charges[j].cost > l.p.capacity {
+			return nil, nil, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsCapacity, q.charges[j].cost, l.p.capacity)
+		}
+	}
+	return q, first, nil
+}

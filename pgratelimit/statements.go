@@ -1,0 +1,119 @@
+package pgratelimit
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The statements of a check, for one bucket table. Every statement takes the
+// rows it works on as arrays, so one shape serves one row or many: a check of
+// one key, an AllowAll over several, a coalesced batch of many checks.
+//
+// Arrays and times travel as text parameters (PostgreSQL array literals,
+// RFC 3339 times) cast in SQL: the same statements then run unchanged on pgx
+// and on any database/sql driver, in every pgx query mode, and behind
+// PgBouncer. $1 and $2 are always the rows' prefixes and keys.
+type statements struct {
+	// insert creates the missing rows as placeholders that have already
+	// expired, which every check treats exactly as a missing row (a full
+	// bucket whose grid starts at the clock read after the row lock). The
+	// check that inserts one then writes its real state; a check that ends
+	// without writing (denied by another bucket of an AllowAll, or given up)
+	// leaves nothing that changes a later decision.
+	insert string
+	// lock and lockSkip lock the rows in (prefix, key) order and read them
+	// with the clock ($3, or the database's clock_timestamp() read after the
+	// locks). lockSkip skips rows that another transaction holds: coalesced
+	// batches never wait for a row lock.
+	lock, lockSkip string
+	// relock is lock for rows that vanished between insert and lock (a
+	// cleanup deleted them): an upsert, which always returns the row, locked.
+	relock string
+	// update writes the rows a check changed.
+	update string
+	// peek reads one row without locking it.
+	peek string
+	// remove deletes one row (Reset).
+	remove string
+}
+
+// placeholderTime is the refilled_at and expires_at of a placeholder row:
+// Go's zero time, before any clock a check can read.
+const placeholderTime = `timestamptz '0001-01-01 00:00:00+00'`
+
+func newStatements(table string) statements {
+	t := pgx.Identifier{table}.Sanitize()
+	rows := `unnest($1::text::text[], $2::text::text[])`
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+FROM (SELECT t.prefix, t.key, t.tokens, t.refilled_at, t.expires_at
+      FROM ` + rows + ` AS r(prefix, key) JOIN ` + t + ` t ON t.prefix = r.prefix AND t.key = r.key
+      ORDER BY t.prefix, t.key FOR UPDATE OF t%s) b`
+	return statements{
+		insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + placeholderTime + `
+FROM ` + rows + ` WITH ORDINALITY AS r(prefix, key, i)
+ORDER BY r.i
+ON CONFLICT (prefix, key) DO NOTHING`,
+		lock:     strings.Replace(lock, "%s", "", 1),
+		lockSkip: strings.Replace(lock, "%s", " SKIP LOCKED", 1),
+		relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + placeholderTime + `
+FROM ` + rows + ` WITH ORDINALITY AS r(prefix, key, i)
+ORDER BY r.i
+ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())`,
+		update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
+     AS r(prefix, key, tokens, refilled_at, expires_at)
+WHERE t.prefix = r.prefix AND t.key = r.key`,
+		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
+		remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
+	}
+}
+
+// textArray encodes n elements as a PostgreSQL array literal, each element
+// double-quoted (keys may hold any character but NUL).
+func textArray(n int, elem func(i int) string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		s := elem(i)
+		b.WriteByte('"')
+		for j := 0; j < len(s); j++ { // '"' and '\\' never occur inside a UTF-8 sequence
+			if s[j] == '"' || s[j] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(s[j])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func int64Array(n int, elem func(i int) int64) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(elem(i), 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// timeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
+func timeArray(n int, elem func(i int) time.Time) string {
+	return textArray(n, func(i int) string {
+		return elem(i).UTC().Truncate(time.Microsecond).Format("2006-01-02 15:04:05.999999Z07:00")
+	})
+}
