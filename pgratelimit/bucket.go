@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"math"
+	"math/big"
 	"time"
 )
 
@@ -45,14 +46,42 @@ func (p policy) load(b bucket, now time.Time) bucket {
 		return p.fresh(now)
 	}
 	b.tokens = min(max(b.tokens, 0), p.capacity)
-	elapsed := now.Sub(b.refilledAt) // saturates
-	if elapsed < p.interval {
+	n := intervalsBetween(b.refilledAt, now, p.interval)
+	if n == 0 {
 		return b
 	}
-	n := int64(elapsed / p.interval)
 	b.tokens = min(addSat(b.tokens, mulSat(n, p.refill)), p.capacity)
-	b.refilledAt = b.refilledAt.Add(time.Duration(n) * p.interval) // n*interval <= elapsed
+	b.refilledAt = addIntervals(b.refilledAt, n, p.interval) // n*interval <= now-refilledAt
 	return b
+}
+
+// intervalsBetween is how many whole intervals fit from from to to (0 when
+// to is not after from), also for gaps longer than a time.Duration's ~292
+// years, where time.Sub saturates.
+func intervalsBetween(from, to time.Time, interval time.Duration) int64 {
+	if !to.After(from) {
+		return 0
+	}
+	if d := to.Sub(from); d < math.MaxInt64 {
+		return int64(d / interval)
+	}
+	ns := new(big.Int).Mul(big.NewInt(to.Unix()-from.Unix()), big.NewInt(int64(time.Second)))
+	ns.Add(ns, big.NewInt(int64(to.Nanosecond()-from.Nanosecond())))
+	n := ns.Quo(ns, big.NewInt(int64(interval)))
+	if !n.IsInt64() {
+		return math.MaxInt64
+	}
+	return n.Int64()
+}
+
+// addIntervals is t + n*interval, in steps that each fit a time.Duration.
+func addIntervals(t time.Time, n int64, interval time.Duration) time.Time {
+	step := math.MaxInt64 / int64(interval) // intervals per step
+	for n > step {
+		t = t.Add(time.Duration(step) * interval)
+		n -= step
+	}
+	return t.Add(time.Duration(n) * interval)
 }
 
 // untilTokens is how long after now the bucket b (already loaded) holds at

@@ -83,6 +83,26 @@ func TestExpiryOnlyMovesForward(t *testing.T) {
 	}
 }
 
+// Gaps longer than a time.Duration's ~292 years still count every whole
+// interval: a century-long Interval after 500 years adds 5 refills.
+func TestLongGaps(t *testing.T) {
+	year := 365 * 24 * time.Hour
+	p := policy{capacity: 100, refill: 1, interval: 100 * year}
+	b := bucket{tokens: 0, refilledAt: t0, expiresAt: maxTime}
+	now := t0.AddDate(500, 0, 1)
+	got := p.load(b, now)
+	want := int64(now.Sub(t0) / p.interval) // saturated Sub: 2
+	if want != 2 || got.tokens != 5 {
+		t.Fatalf("tokens %d after 500 years (a saturating Sub counts %d)", got.tokens, want)
+	}
+	if !got.refilledAt.Equal(t0.Add(0).Add(100*year).Add(100*year).Add(100*year).Add(100*year).Add(100*year)) {
+		t.Fatalf("refilledAt %v", got.refilledAt)
+	}
+	if n := intervalsBetween(t0, t0.AddDate(1000, 0, 0), time.Microsecond); n <= 0 {
+		t.Fatalf("intervals over 1000 years of 1µs: %d", n)
+	}
+}
+
 func TestSaturation(t *testing.T) {
 	p := policy{capacity: math.MaxInt64, refill: math.MaxInt64 / 2, interval: 100 * 365 * 24 * time.Hour}
 	b := bucket{tokens: 0, refilledAt: t0, expiresAt: maxTime}

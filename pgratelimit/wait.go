@@ -43,11 +43,17 @@ func (l *Limiter) WaitN(ctx context.Context, key string, cost int64) (Result, er
 			return r, fmt.Errorf("%w: %s needed, Config.MaxWait is %s", ErrWaitTooLong, wake.Sub(start).Round(time.Millisecond), l.cfg.MaxWait)
 		}
 		// Jitter: up to a tenth of the wait, at most 50ms, so waiters woken
-		// by the same refill do not all retry at the same instant.
-		sleep := r.RetryAfter + time.Duration(rand.Int64N(int64(min(r.RetryAfter/10, 50*time.Millisecond))+1))
-		if dl, ok := ctx.Deadline(); ok && time.Now().Add(sleep).After(dl) {
-			sleep = time.Until(dl)
+		// by the same refill do not all retry at the same instant; never so
+		// much that the retry would come after the deadline or MaxWait
+		// (it gets at most a quarter of the time left after the wait).
+		jitter := min(r.RetryAfter/10, 50*time.Millisecond)
+		if dl, ok := ctx.Deadline(); ok {
+			jitter = min(jitter, dl.Sub(wake)/4)
 		}
+		if l.cfg.MaxWait > 0 {
+			jitter = min(jitter, (l.cfg.MaxWait-wake.Sub(start))/4)
+		}
+		sleep := r.RetryAfter + time.Duration(rand.Int64N(int64(max(jitter, 0))+1))
 		t := time.NewTimer(sleep)
 		select {
 		case <-ctx.Done():

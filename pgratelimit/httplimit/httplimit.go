@@ -15,7 +15,15 @@
 // tokens remaining after this request; t is the seconds until the bucket is
 // full again (Result.ResetAfter, rounded up). Quota units are tokens: one per
 // request unless Options.Cost says otherwise. The policy's name is the
-// limiter's Config.Prefix.
+// limiter's Config.Prefix. Numbers above 15 digits, which RFC 8941 does not
+// allow, are sent as MaxSFInteger.
+//
+// With several limiters (MiddlewareAll), RateLimit-Policy lists every policy
+// and RateLimit reports one: the policy that denied the request (the one with
+// the longest wait), or, when allowed, the one with the smallest share of its
+// quota left. One item, because it is the limit that matters to a client
+// deciding when to send next, and clients that read only the first item of
+// the field then read the right one; the policies' names tell them apart.
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds, rounded up, so a client that obeys it is never early. With
@@ -42,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -93,11 +102,27 @@ type Options struct {
 
 	// Logger receives database errors. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Limiters, when set, picks the limiters a request is checked against,
+	// given its key (e.g. a plan looked up from the API key: free or pro),
+	// overriding those given to MiddlewareAll or Middleware. An error is
+	// answered by ErrorHandler. Defaults to nil: the limiters given.
+	Limiters func(r *http.Request, key string) ([]*pgratelimit.Limiter, error)
 }
 
 // Middleware returns middleware that checks every request against l before
 // passing it on. See the package doc for headers, keys and failures.
 func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Handler {
+	return MiddlewareAll([]*pgratelimit.Limiter{l}, opts)
+}
+
+// MiddlewareAll returns middleware that enforces every limiter of limiters on
+// each request at once, in one pgratelimit.AllowAll: "10 per second and 1000
+// per day" take their tokens together or not at all, so a request denied by
+// the daily limit spends nothing of the per-second one. Options.Limiters, when
+// set, picks the limiters per request instead (a plan looked up from the API
+// key, say). Every limiter must use the same pool.
+func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Handler) http.Handler {
 	if opts.KeyFunc == nil {
 		opts.KeyFunc = KeyByIP(IPKeyConfig{})
 	}
@@ -112,9 +137,10 @@ func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Ha
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	cfg := l.Config()
-	policy := fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), cfg.Capacity, window(cfg))
-	name := sfString(cfg.Prefix)
+	pick := opts.Limiters
+	if pick == nil {
+		pick = func(*http.Request, string) ([]*pgratelimit.Limiter, error) { return limiters, nil }
+	}
 
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -123,11 +149,20 @@ func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Ha
 				opts.ErrorHandler(w, r, err)
 				return
 			}
+			ls, err := pick(r, key)
+			if err != nil {
+				opts.ErrorHandler(w, r, err)
+				return
+			}
 			cost := int64(1)
 			if opts.Cost != nil {
 				cost = opts.Cost(r)
 			}
-			res, err := l.AllowN(r.Context(), key, cost)
+			charges := make([]pgratelimit.Charge, len(ls))
+			for i, l := range ls {
+				charges[i] = pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}
+			}
+			res, err := pgratelimit.AllowAll(r.Context(), charges...)
 			if err != nil {
 				if isInputError(err) {
 					opts.ErrorHandler(w, r, err)
@@ -142,12 +177,19 @@ func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Ha
 				return
 			}
 			h := w.Header()
-			reset := ceilSeconds(res.ResetAfter)
-			h.Set("RateLimit-Policy", policy)
-			h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, res.Remaining, reset))
+			policies := make([]string, len(ls))
+			for i, l := range ls {
+				cfg := l.Config()
+				policies[i] = fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(window(cfg)))
+			}
+			i := closest(res)
+			top, name := res.Results[i], sfString(ls[i].Config().Prefix)
+			reset := ceilSeconds(top.ResetAfter)
+			h.Set("RateLimit-Policy", strings.Join(policies, ", "))
+			h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, sfInt(top.Remaining), sfInt(reset)))
 			if opts.LegacyHeaders {
-				h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
-				h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
+				h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
+				h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
 				h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
 			}
 			if !res.Allowed {
@@ -159,6 +201,38 @@ func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Ha
 		})
 	}
 }
+
+// closest is the index of the policy that RateLimit reports: when denied, the
+// one that denied with the longest wait; when allowed, the one with the
+// smallest share of its quota left (then the longest until full).
+func closest(m pgratelimit.MultiResult) int {
+	best := 0
+	for i, r := range m.Results[1:] {
+		i++
+		b := m.Results[best]
+		switch {
+		case !m.Allowed:
+			if (!r.Allowed && b.Allowed) || (r.Allowed == b.Allowed && r.RetryAfter > b.RetryAfter) {
+				best = i
+			}
+		default:
+			// r.Remaining/r.Limit < b.Remaining/b.Limit, without overflow.
+			lhs := new(big.Int).Mul(big.NewInt(r.Remaining), big.NewInt(b.Limit))
+			rhs := new(big.Int).Mul(big.NewInt(b.Remaining), big.NewInt(r.Limit))
+			if c := lhs.Cmp(rhs); c < 0 || (c == 0 && r.ResetAfter > b.ResetAfter) {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// MaxSFInteger is the largest integer a Structured Field (RFC 8941) can carry:
+// 15 digits. Larger numbers in RateLimit-Policy and RateLimit are sent as
+// this, so that strict parsers accept the fields.
+const MaxSFInteger = 999_999_999_999_999
+
+func sfInt(n int64) int64 { return min(n, MaxSFInteger) }
 
 func isInputError(err error) bool {
 	return errors.Is(err, pgratelimit.ErrInvalidKey) || errors.Is(err, pgratelimit.ErrInvalidCost) ||
