@@ -219,4 +219,3 @@ func TestPerKeyOrderUnderLoad(t *testing.T) {
 		require.Equal(t, int64(1000-320+i), r, "every check saw a distinct bucket state")
 	}
 }
-
