@@ -15,7 +15,7 @@ help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 demo: ## Serve a rate-limited HTTP app on 127.0.0.1:8080 and show 200s then 429s (DATABASE_URL, else a throwaway PostgreSQL).
-	@$(GO) build -o bin/pgratelimit ./cmd/pgratelimit && exec ./bin/pgratelimit demo $(DEMOFLAGS)
+	@trap 'exit 0' INT; $(GO) build -o bin/pgratelimit ./cmd/pgratelimit && exec ./bin/pgratelimit demo $(DEMOFLAGS)
 
 test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
 	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done

@@ -58,11 +58,11 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if *conns == 0 {
 		*conns = min(*conc, 200)
 	}
-	u, err := f.url()
+	pcfg, err := f.poolConfig()
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, u, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns})
 	if err != nil {
 		return f.fail(err)
 	}
@@ -108,36 +108,39 @@ type benchReport struct {
 	Updates      int64   `json:"updates"`
 }
 
-func bench(ctx context.Context, c *cli, url string, cfg pgratelimit.Config, run benchRun) (rep benchReport, err error) {
+func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgratelimit.Config, run benchRun) (rep benchReport, err error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	schema := "pgratelimit_bench_" + hex.EncodeToString(b[:])
-	admin, err := pgx.Connect(ctx, url)
+	// Setting up and removing the scratch schema is bounded by --timeout;
+	// removing it also happens after an interrupt.
+	sctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	admin, err := pgx.ConnectConfig(sctx, pcfg.ConnConfig.Copy())
 	if err != nil {
 		return rep, err
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+	if _, err := admin.Exec(sctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return rep, fmt.Errorf("creating scratch schema: %w", err)
 	}
 	defer func() {
-		_, derr := admin.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		dctx, cancel := f.withTimeout(context.WithoutCancel(ctx))
+		defer cancel()
+		_, derr := admin.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		if err == nil && derr != nil {
 			err = fmt.Errorf("dropping scratch schema: %w", derr)
 		}
 	}()
-	pcfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		return rep, err
-	}
 	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
 	pcfg.MaxConns = int32(run.conns)
 	db := stdlib.OpenDB(*pcfg.ConnConfig)
-	err = migrations.Up(ctx, db)
+	err = migrations.Up(sctx, db)
 	db.Close()
 	if err != nil {
 		return rep, err
 	}
+	cancel() // set up
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return rep, err

@@ -30,6 +30,12 @@ func runDemo(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	if err := demo(ctx, c, f, *addr, *once); err != nil {
+		if ctx.Err() != nil {
+			// Ctrl-C while starting up: the user's choice, not a failure
+			// (make demo would report one).
+			fmt.Fprintln(c.stdout, "\nInterrupted.")
+			return exitOK
+		}
 		return f.fail(err)
 	}
 	return exitOK
@@ -58,13 +64,21 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 		fmt.Fprintf(c.stdout, "Started PostgreSQL (%s).\n", in.Source)
 		u = in.URL
 	}
-	pool, err := pgxpool.New(ctx, u)
+	pcfg, err := pgxpool.ParseConfig(u)
 	if err != nil {
 		return fmt.Errorf("database URL: %w", err)
 	}
+	f.prepare(&pcfg.ConnConfig.Config)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
 	defer pool.Close()
+	// The set-up's database work is bounded by --timeout.
+	sctx, cancel := f.withTimeout(ctx)
+	defer cancel()
 	db := stdlib.OpenDBFromPool(pool)
-	err = migrations.Up(ctx, db)
+	err = migrations.Up(sctx, db)
 	db.Close()
 	if err != nil {
 		return err
@@ -80,9 +94,9 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "hello from behind the rate limiter")
 	})
-	handler := httplimit.Middleware(l, httplimit.Options{
+	handler := withRequestTimeout(f.timeout, httplimit.Middleware(l, httplimit.Options{
 		Logger: slog.New(slog.NewTextHandler(c.stderr, nil)),
-	})(app)
+	})(app))
 
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -101,9 +115,10 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 
 	// A re-run against the same database starts with a full bucket.
 	host, _, _ := net.SplitHostPort(ln.Addr().String())
-	if err := l.Reset(ctx, "ip:"+host); err != nil {
+	if err := l.Reset(sctx, "ip:"+host); err != nil {
 		return err
 	}
+	cancel() // set up
 	client := &http.Client{Timeout: 10 * time.Second}
 	var policy string
 	for i := 1; i <= 7; i++ {
@@ -139,4 +154,17 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 		}
 		return err
 	}
+}
+
+// withRequestTimeout bounds each request's work (the limiter's database
+// work in the middleware) by d, when d > 0.
+func withRequestTimeout(d time.Duration, h http.Handler) http.Handler {
+	if d <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }

@@ -17,16 +17,23 @@ import (
 // errors a user can fix, and the library's or the database's own words, less
 // their package prefixes (the command name already heads the line), for the
 // rest.
-func explain(err error) string {
+func (f *flags) explain(err error) string {
 	var ue usageError
 	var ce *pgconn.ConnectError
+	timedOut := f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut)
 	switch {
 	case errors.As(err, &ue):
 		return ue.msg
 	case errors.Is(err, pgratelimit.ErrNotMigrated):
 		return "the pgratelimit tables are not in this database (or not on its search_path): create them with 'pgratelimit migrate up'"
+	case timedOut && (errors.As(err, &ce) || !f.connected.Load()):
+		return fmt.Sprintf("gave up after %s (--timeout) connecting to %s", f.timeout, f.target)
+	case timedOut:
+		return fmt.Sprintf("gave up after %s (--timeout): the database had not finished", f.timeout)
+	case errors.As(err, &ce) && errors.Is(err, context.DeadlineExceeded):
+		return fmt.Sprintf("could not connect to %s: no answer within %s (%s)", target(ce.Config), f.connectTimeout, f.connectFrom)
 	case errors.As(err, &ce):
-		return connectProblem(ce)
+		return fmt.Sprintf("could not connect to %s: %s", target(ce.Config), connectReason(ce))
 	case errors.Is(err, context.Canceled):
 		return "interrupted"
 	}
@@ -42,28 +49,29 @@ func stripPrefixes(s string) string {
 	return s
 }
 
-// connectProblem describes a failed connection: where to, and why.
-func connectProblem(ce *pgconn.ConnectError) string {
-	where := "the database"
-	if cfg := ce.Config; cfg != nil {
-		addr := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-		if strings.HasPrefix(cfg.Host, "/") {
-			addr = fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
-		}
-		where = fmt.Sprintf("the database at %s (user %q, database %q)", addr, cfg.User, cfg.Database)
+// target names the database server of cfg.
+func target(cfg *pgconn.Config) string {
+	if cfg == nil {
+		return "the database"
 	}
+	addr := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		addr = fmt.Sprintf("%s/.s.PGSQL.%d", cfg.Host, cfg.Port)
+	}
+	return fmt.Sprintf("the database at %s (user %q, database %q)", addr, cfg.User, cfg.Database)
+}
+
+// connectReason says why a connection failed, in the server's or the
+// network's words.
+func connectReason(ce *pgconn.ConnectError) string {
 	var pgErr *pgconn.PgError
 	var opErr *net.OpError
-	why := ""
 	switch {
-	case errors.Is(ce, context.DeadlineExceeded):
-		why = "it did not answer in time"
 	case errors.As(ce, &pgErr):
-		why = pgErr.Message
+		return pgErr.Message
 	case errors.As(ce, &opErr) && opErr.Err != nil:
-		why = opErr.Err.Error()
+		return opErr.Err.Error()
 	default:
-		why = ce.Unwrap().Error()
+		return ce.Unwrap().Error()
 	}
-	return fmt.Sprintf("could not connect to %s: %s", where, why)
 }

@@ -9,8 +9,11 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -29,7 +32,29 @@ type flags struct {
 	refill      int64
 	interval    time.Duration
 	storage     string
+
+	// timeout bounds the command's database work (see command.timeout);
+	// connectTimeout each connection attempt, from connectFrom ("--connect-timeout"
+	// or the URL's connect_timeout).
+	timeout        time.Duration
+	connectTimeout time.Duration
+	connectFrom    string
+	// target names the database server, for messages; connected is set
+	// once a connection to it is made.
+	target    string
+	connected atomic.Bool
+	// dbctx is the context that withTimeout made, which fail reads to tell
+	// the command's timeout from other deadlines.
+	dbctx context.Context
 }
+
+// defaultConnectTimeout is --connect-timeout's default: a server that
+// accepts connections but never answers (a hung host, a wrong port behind a
+// load balancer) would otherwise hang a command until Ctrl-C.
+const defaultConnectTimeout = 5 * time.Second
+
+// errTimedOut is the cause of a command's context that passed its --timeout.
+var errTimedOut = errors.New("--timeout passed")
 
 func newFlags(c *cli, name string) *flags {
 	var cmd command
@@ -45,7 +70,77 @@ func newFlags(c *cli, name string) *flags {
 	f.Usage = func() {}
 	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL `URL` (default $DATABASE_URL)")
 	f.BoolVar(&f.json, "json", false, "print JSON instead of text")
+	use := cmd.timeoutUse
+	if use == "" {
+		use = "give up on the command's database work after D; 0: never"
+	}
+	f.DurationVar(&f.timeout, "timeout", cmd.timeout, use)
+	f.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout,
+		"give up connecting to the database after D (a connect_timeout in the URL replaces the default); 0: never")
+	f.connectFrom = "--connect-timeout"
 	return f
+}
+
+// withTimeout returns ctx bounded by --timeout, for the command's database
+// work.
+func (f *flags) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if f.timeout <= 0 {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout, errTimedOut)
+	f.dbctx = ctx
+	return ctx, cancel
+}
+
+// prepare gives cc the connect timeout (--connect-timeout when set on the
+// command line, else the URL's connect_timeout if it has one, else the
+// default) and notes where it connects to and when it has.
+func (f *flags) prepare(cc *pgconn.Config) {
+	f.target = target(cc)
+	after := cc.AfterConnect
+	cc.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+		f.connected.Store(true)
+		if after != nil {
+			return after(ctx, pc)
+		}
+		return nil
+	}
+	explicit := false
+	f.Visit(func(fl *flag.Flag) { explicit = explicit || fl.Name == "connect-timeout" })
+	if !explicit && cc.ConnectTimeout != 0 {
+		f.connectTimeout, f.connectFrom = cc.ConnectTimeout, "connect_timeout in the URL"
+		return
+	}
+	cc.ConnectTimeout = f.connectTimeout
+}
+
+// connConfig parses the database URL, with the connect timeout set.
+func (f *flags) connConfig() (*pgx.ConnConfig, error) {
+	u, err := f.url()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	f.prepare(&cfg.Config)
+	return cfg, nil
+}
+
+// poolConfig parses the database URL as a pool's, with the connect timeout
+// set.
+func (f *flags) poolConfig() (*pgxpool.Config, error) {
+	u, err := f.url()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	f.prepare(&cfg.ConnConfig.Config)
+	return cfg, nil
 }
 
 // withPolicy adds the limiter policy flags.
@@ -224,7 +319,7 @@ func (f *flags) fail(err error) int {
 	if errors.Is(err, errHelp) {
 		return exitOK
 	}
-	fmt.Fprintf(f.c.stderr, "pgratelimit %s: %s\n", f.Name(), explain(err))
+	fmt.Fprintf(f.c.stderr, "pgratelimit %s: %s\n", f.Name(), f.explain(err))
 	var ue usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(f.c.stderr, "usage: pgratelimit %s %s\nRun 'pgratelimit %s --help' for its flags.\n", f.cmd.name, f.cmd.args, f.cmd.name)
@@ -244,15 +339,11 @@ func (f *flags) url() (string, error) {
 }
 
 func (f *flags) pool(ctx context.Context) (*pgxpool.Pool, error) {
-	u, err := f.url()
+	cfg, err := f.poolConfig()
 	if err != nil {
 		return nil, err
 	}
-	pool, err := pgxpool.New(ctx, u)
-	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
-	}
-	return pool, nil
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // config is the limiter Config of the policy flags, checked in their terms

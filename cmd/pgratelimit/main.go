@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"os/signal"
 	"sort"
@@ -20,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -48,20 +49,27 @@ type cli struct {
 type command struct {
 	name, args, summary string
 	run                 func(ctx context.Context, c *cli, args []string) int
+	// timeout is the command's default --timeout, and timeoutUse its help
+	// text when the command's database work is not one piece.
+	timeout    time.Duration
+	timeoutUse string
 }
 
 var commands []command
 
 func init() {
 	commands = []command{
-		{"migrate", "up|down|status", "apply, roll back (one step) or list the schema migrations", runMigrate},
-		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied)", runAllow},
-		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek},
-		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund},
-		{"reset", "KEY", "make KEY's bucket full again", runReset},
-		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup},
-		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and send it 7 requests", runDemo},
-		{"bench", "[flags]", "measure checks per second under load", runBench},
+		{"migrate", "up|down|status", "apply, roll back (one step) or list the schema migrations", runMigrate, 5 * time.Minute, ""},
+		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied)", runAllow, 10 * time.Second, ""},
+		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, ""},
+		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, ""},
+		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, ""},
+		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
+			"give up on a cleanup run (each run, with --every) after D; 0: never"},
+		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and send it 7 requests", runDemo, 10 * time.Second,
+			"give up on the database work of the set-up and of each request after D; 0: never"},
+		{"bench", "[flags]", "measure checks per second under load", runBench, time.Minute,
+			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never"},
 	}
 }
 
@@ -71,7 +79,10 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-8s %-22s %s\n", c.name, c.args, c.summary)
 	}
-	fmt.Fprintln(w, "\nThe database comes from --database-url or $DATABASE_URL. Run 'pgratelimit COMMAND --help' for flags.")
+	fmt.Fprintln(w, "\nThe database comes from --database-url or $DATABASE_URL. Every command gives up")
+	fmt.Fprintf(w, "connecting after --connect-timeout (default %s) and its database work after\n", defaultConnectTimeout)
+	fmt.Fprintln(w, "--timeout (default 10s for allow, peek, refund and reset; 0: never).")
+	fmt.Fprintln(w, "Run 'pgratelimit COMMAND --help' for its flags.")
 	fmt.Fprintln(w, "Exit status: 0 allowed or done, 1 denied, 2 bad usage or error.")
 }
 
@@ -102,7 +113,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 // withLimiter runs a command that works on a limiter: it parses nargs
 // positional arguments, runs check on them (if not nil), opens the limiter
 // and runs fn, which returns the exit status.
-func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(l *pgratelimit.Limiter, pos []string) (int, error)) int {
+func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) int {
 	pos, err := f.parse(args, nargs, nargs)
 	if err != nil {
 		return f.fail(err)
@@ -117,7 +128,9 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 		return f.fail(err)
 	}
 	defer done()
-	code, err := fn(l, pos)
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	code, err := fn(ctx, l, pos)
 	if err != nil {
 		return f.fail(err)
 	}
@@ -184,7 +197,7 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		}
 		return nil
 	}
-	return f.withLimiter(ctx, args, 1, check, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key := pos[0]
 		r, err := l.AllowN(ctx, key, *cost)
 		if err != nil {
@@ -210,7 +223,7 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 
 func runPeek(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "peek").withPolicy()
-	return f.withLimiter(ctx, args, 1, nil, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key := pos[0]
 		r, err := l.Peek(ctx, key)
 		if err != nil {
@@ -244,7 +257,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 		}
 		return nil
 	}
-	return f.withLimiter(ctx, args, 2, check, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key := pos[0]
 		r, err := l.Refund(ctx, key, n)
 		if err != nil {
@@ -266,7 +279,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 
 func runReset(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "reset").withPolicy()
-	return f.withLimiter(ctx, args, 1, nil, func(l *pgratelimit.Limiter, pos []string) (int, error) {
+	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		if err := l.Reset(ctx, pos[0]); err != nil {
 			return 0, err
 		}
@@ -314,15 +327,14 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	if action != "up" && action != "down" && action != "status" {
 		return f.fail(usagef("unknown action %q: want up, down or status", action))
 	}
-	u, err := f.url()
+	cfg, err := f.connConfig()
 	if err != nil {
 		return f.fail(err)
 	}
-	db, err := sql.Open("pgx", u)
-	if err != nil {
-		return f.fail(err)
-	}
+	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
 	before, err := migrationStatus(ctx, db)
 	if err != nil {
 		return f.fail(err)
@@ -409,20 +421,31 @@ func runCleanup(ctx context.Context, c *cli, args []string) int {
 			Interval:  *every,
 			BatchSize: *batch,
 			Logger:    slog.New(slog.NewTextHandler(c.stderr, nil)),
-			OnRun: func(st pgratelimit.CleanupStats) {
-				if f.json && st.Err == nil {
-					f.printJSON(map[string]any{"deleted": st.Deleted, "batches": st.Batches, "ms": st.Duration.Milliseconds(), "skipped": st.Skipped})
-				}
-			},
 		})
 		if err != nil {
 			return f.fail(err)
 		}
-		if err := cl.Run(ctx); err != nil {
-			return f.fail(err)
+		// Cleaner.Run's loop, with --timeout on each run.
+		for {
+			rctx, cancel := f.withTimeout(ctx)
+			st := cl.RunOnce(rctx)
+			cancel()
+			if ctx.Err() != nil {
+				return exitOK
+			}
+			if f.json && st.Err == nil {
+				f.printJSON(map[string]any{"deleted": st.Deleted, "batches": st.Batches, "ms": st.Duration.Milliseconds(), "skipped": st.Skipped})
+			}
+			jitter := time.Duration(mrand.Int64N(int64(*every)/10 + 1))
+			select {
+			case <-ctx.Done():
+				return exitOK
+			case <-time.After(*every + jitter):
+			}
 		}
-		return exitOK
 	}
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
 	start := time.Now()
 	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{BatchSize: *batch})
 	if err != nil {

@@ -1,18 +1,52 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+// cliEnv makes the test binary run the CLI's main instead of the tests, for
+// tests that need a process of its own (signals).
+const cliEnv = "PGRATELIMIT_TEST_RUN_CLI"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(cliEnv) == "1" {
+		main()
+	}
+	testdb.Main(m)
+}
+
+// startCLI runs the CLI as a process of its own with DATABASE_URL set to
+// url, and returns it with its stdout, read line by line.
+func startCLI(t *testing.T, url string, args ...string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), cliEnv+"=1", "DATABASE_URL="+url)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd, bufio.NewScanner(out)
+}
 
 // pgrl runs the CLI in-process with DATABASE_URL set to url.
 func pgrl(url string, args ...string) (code int, stdout, stderr string) {
@@ -269,4 +303,155 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 2, code)
 		require.Contains(t, stderr, "--cost must be at least 1, got -5")
 	})
+}
+
+// silentServer accepts TCP connections and never answers: a hung host, or a
+// wrong port behind a load balancer. It returns a database URL pointing at it.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // open, unanswered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	return "postgres://nobody@" + ln.Addr().String() + "/app"
+}
+
+// A server that accepts connections and never answers makes every command
+// fail within its connect timeout, saying so, instead of hanging.
+func TestConnectTimeout(t *testing.T) {
+	t.Parallel()
+	url := silentServer(t)
+	where := "could not connect to the database at " + strings.TrimPrefix(url, "postgres://nobody@")[:len(url)-len("postgres://nobody@")-len("/app")] + ` (user "nobody", database "app")`
+
+	for _, args := range [][]string{
+		{"peek", "k"},
+		{"allow", "k", "--json"},
+		{"migrate", "status"},
+		{"cleanup"},
+		{"bench", "--duration", "1s"},
+		{"demo", "--once", "--addr", "127.0.0.1:0"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			code, _, stderr := pgrl(url, append(args, "--connect-timeout", "700ms")...)
+			took := time.Since(start)
+			require.Equal(t, 2, code, stderr)
+			require.GreaterOrEqual(t, took, 700*time.Millisecond)
+			require.Less(t, took, 5*time.Second, "gave up at its timeout")
+			require.Contains(t, stderr, "pgratelimit "+args[0]+": "+where+": no answer within 700ms (--connect-timeout)\n")
+		})
+	}
+
+	t.Run("connect_timeout in the URL", func(t *testing.T) {
+		t.Parallel()
+		start := time.Now()
+		code, _, stderr := pgrl(url+"?connect_timeout=1", "peek", "k")
+		require.Equal(t, 2, code)
+		require.Less(t, time.Since(start), 5*time.Second)
+		require.Contains(t, stderr, where+": no answer within 1s (connect_timeout in the URL)")
+	})
+
+	t.Run("--timeout shorter than the connect timeout", func(t *testing.T) {
+		t.Parallel()
+		start := time.Now()
+		code, _, stderr := pgrl(url, "reset", "k", "--timeout", "500ms")
+		require.Equal(t, 2, code)
+		require.Less(t, time.Since(start), 5*time.Second)
+		require.Contains(t, stderr, "pgratelimit reset: gave up after 500ms (--timeout) connecting to the database at ")
+	})
+
+	t.Run("the defaults", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("waits for the 5s default")
+		}
+		t.Parallel()
+		_, help, _ := pgrl("", "peek", "--help")
+		require.Regexp(t, `--connect-timeout D\s+give up connecting to the database after D.*\(default 5s\)`, help)
+		require.Regexp(t, `--timeout D\s+give up on the command's database work after D; 0: never \(default 10s\)`, help)
+		_, help, _ = pgrl("", "migrate", "--help")
+		require.Regexp(t, `--timeout D .*\(default 5m0s\)`, help)
+
+		start := time.Now()
+		code, _, stderr := pgrl(url, "peek", "k")
+		took := time.Since(start)
+		require.Equal(t, 2, code)
+		require.InDelta(t, 5, took.Seconds(), 2)
+		require.Contains(t, stderr, where+": no answer within 5s (--connect-timeout)")
+	})
+}
+
+// --timeout bounds a command's database work: here a check waiting for a
+// row that another transaction holds locked.
+func TestCommandTimeout(t *testing.T) {
+	t.Parallel()
+	s := testdb.NewSchema(t)
+	url := s.URL(t)
+	code, _, stderr := pgrl(url, "allow", "locked", "--interval", "1h")
+	require.Equal(t, 0, code, stderr)
+
+	ctx := context.Background()
+	pool := s.Pool(t, 1)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "SELECT 1 FROM pgratelimit_buckets WHERE key = 'locked' FOR UPDATE")
+	require.NoError(t, err)
+
+	for _, args := range [][]string{
+		{"allow", "locked", "--interval", "1h", "--timeout", "700ms"},
+		{"refund", "locked", "1", "--interval", "1h", "--timeout", "700ms"},
+	} {
+		start := time.Now()
+		code, _, stderr = pgrl(url, args...)
+		took := time.Since(start)
+		require.Equal(t, 2, code, stderr)
+		require.GreaterOrEqual(t, took, 700*time.Millisecond)
+		require.Less(t, took, 5*time.Second)
+		require.Equal(t, "pgratelimit "+args[0]+": gave up after 700ms (--timeout): the database had not finished\n", stderr)
+	}
+	// Peeking takes no lock, so it is not held up.
+	code, out, _ := pgrl(url, "peek", "locked", "--interval", "1h", "--timeout", "700ms")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"locked" has 9 of 10 tokens`)
+}
+
+// Ctrl-C (SIGINT) ends the demo cleanly: exit 0, so make reports no error.
+func TestDemoInterrupt(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmptySchema(t).URL(t)
+	cmd, out := startCLI(t, url, "demo", "--addr", "127.0.0.1:0")
+	var lines []string
+	for out.Scan() {
+		lines = append(lines, out.Text())
+		if out.Text() == "Ctrl-C to stop." {
+			break
+		}
+	}
+	require.Equal(t, "Ctrl-C to stop.", lines[len(lines)-1], "%q", lines)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	for out.Scan() {
+		lines = append(lines, out.Text())
+	}
+	require.NoError(t, cmd.Wait(), "exit status 0")
+	require.Equal(t, "Stopping.", lines[len(lines)-1])
 }
