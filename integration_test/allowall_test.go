@@ -1,0 +1,284 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+// Per second and per day on one key: when the day bucket denies, the second
+// bucket is untouched and Results says which one said no.
+func TestAllowAllPerSecondAndPerDay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	pool := newPool(t)
+	perSec, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "sec", Capacity: 10, Refill: 10, Interval: time.Second, Clock: clock.Now})
+	require.NoError(t, err)
+	perDay, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "day", Capacity: 25, Refill: 25, Interval: 24 * time.Hour, Clock: clock.Now})
+	require.NoError(t, err)
+	both := func(cost int64) pgratelimit.MultiResult {
+		m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: perSec, Key: "api-key", Cost: cost}, pgratelimit.Charge{Limiter: perDay, Key: "api-key", Cost: cost})
+		require.NoError(t, err)
+		return m
+	}
+	for range 2 {
+		require.True(t, both(10).Allowed)
+		clock.Add(time.Second)
+	}
+	// 5 left today, 10 this second.
+	m := both(6)
+	require.False(t, m.Allowed)
+	require.True(t, m.Results[0].Allowed, "the per-second bucket had enough")
+	require.Equal(t, int64(10), m.Results[0].Remaining)
+	require.False(t, m.Results[1].Allowed, "the daily bucket said no")
+	require.Equal(t, int64(5), m.Results[1].Remaining)
+	require.Equal(t, m.Results[1].RetryAfter, m.RetryAfter)
+	require.Greater(t, m.RetryAfter, 23*time.Hour)
+	p, err := perSec.Peek(ctx, "api-key")
+	require.NoError(t, err)
+	require.Equal(t, int64(10), p.Remaining, "the per-second bucket is untouched")
+
+	m = both(5)
+	require.True(t, m.Allowed)
+	require.Zero(t, m.RetryAfter)
+	require.Equal(t, []int64{5, 0}, []int64{m.Results[0].Remaining, m.Results[1].Remaining})
+}
+
+// 64 goroutines charge two buckets of different capacities: the allowed
+// checks never exceed the smaller bucket and each bucket's spent tokens equal
+// the allowed costs exactly.
+func TestAllowAllExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	small, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "small", Capacity: 37, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	big, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "big", Capacity: 100, Refill: 1, Interval: time.Hour, Storage: pgratelimit.Ephemeral})
+	require.NoError(t, err)
+	var allowedCost atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5 {
+				cost := int64(1 + (w+i)%3)
+				m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: small, Key: "k", Cost: cost}, pgratelimit.Charge{Limiter: big, Key: "k", Cost: cost})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if m.Allowed {
+					allowedCost.Add(cost)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	spent := allowedCost.Load()
+	require.LessOrEqual(t, spent, int64(37))
+	require.GreaterOrEqual(t, spent, int64(35), "every denial left less than the largest cost")
+	a, err := small.Peek(ctx, "k")
+	require.NoError(t, err)
+	b, err := big.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, 37-spent, a.Remaining)
+	require.Equal(t, 100-spent, b.Remaining)
+}
+
+// Callers list the same two charges in opposite orders, mixed with AllowN on
+// the same keys, through two pools (two app instances): no deadlock, exact
+// counts.
+func TestAllowAllOppositeOrdersNoDeadlock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSchemaPools(t, 2)
+	var lims [2][2]*pgratelimit.Limiter
+	for i, pool := range s {
+		for j, prefix := range []string{"a", "b"} {
+			l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: prefix, Capacity: 1000, Refill: 1, Interval: time.Hour})
+			require.NoError(t, err)
+			lims[i][j] = l
+		}
+	}
+	var spentA, spentB atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ls := lims[w%2]
+			for i := range 10 {
+				var err error
+				var ok bool
+				switch (w + i) % 3 {
+				case 0:
+					var m pgratelimit.MultiResult
+					m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: ls[0], Key: "x", Cost: 1}, pgratelimit.Charge{Limiter: ls[1], Key: "y", Cost: 1})
+					if ok = m.Allowed; ok {
+						spentA.Add(1)
+						spentB.Add(1)
+					}
+				case 1:
+					var m pgratelimit.MultiResult
+					m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: ls[1], Key: "y", Cost: 1}, pgratelimit.Charge{Limiter: ls[0], Key: "x", Cost: 1})
+					if ok = m.Allowed; ok {
+						spentA.Add(1)
+						spentB.Add(1)
+					}
+				case 2:
+					var r pgratelimit.Result
+					r, err = ls[w%2].AllowN(ctx, []string{"x", "y"}[w%2], 1)
+					if ok = r.Allowed; ok {
+						[]*atomic.Int64{&spentA, &spentB}[w%2].Add(1)
+					}
+				}
+				if err != nil {
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+				if !ok {
+					t.Errorf("worker %d: denied with plenty of tokens", w)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	a, err := lims[0][0].Peek(ctx, "x")
+	require.NoError(t, err)
+	b, err := lims[0][1].Peek(ctx, "y")
+	require.NoError(t, err)
+	require.Equal(t, 1000-spentA.Load(), a.Remaining)
+	require.Equal(t, 1000-spentB.Load(), b.Remaining)
+}
+
+// Bad input is refused before any database access, and nothing is written.
+func TestAllowAllBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	a, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "a", Capacity: 5, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	b, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "b", Capacity: 10, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	other, err := newLimiterOn(newPool(t), pgratelimit.Config{Prefix: "a", Capacity: 5, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name    string
+		charges []pgratelimit.Charge
+		want    error
+	}{
+		{"no charges", nil, pgratelimit.ErrInvalidConfig},
+		{"nil limiter", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Key: "k", Cost: 1}}, pgratelimit.ErrInvalidConfig},
+		{"two pools", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Limiter: other, Key: "k", Cost: 1}}, pgratelimit.ErrInvalidConfig},
+		{"empty key", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Limiter: b, Key: "", Cost: 1}}, pgratelimit.ErrInvalidKey},
+		{"NUL in key", []pgratelimit.Charge{{Limiter: a, Key: "k\x00", Cost: 1}}, pgratelimit.ErrInvalidKey},
+		{"long key", []pgratelimit.Charge{{Limiter: a, Key: strings.Repeat("k", pgratelimit.MaxKeyLen+1), Cost: 1}}, pgratelimit.ErrInvalidKey},
+		{"zero cost", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Limiter: b, Key: "k", Cost: 0}}, pgratelimit.ErrInvalidCost},
+		{"negative cost", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: -3}}, pgratelimit.ErrInvalidCost},
+		{"over capacity", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 6}}, pgratelimit.ErrCostExceedsCapacity},
+		{"over capacity summed", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 3}, {Limiter: b, Key: "k", Cost: 1}, {Limiter: a, Key: "k", Cost: 3}}, pgratelimit.ErrCostExceedsCapacity},
+	} {
+		_, err := pgratelimit.AllowAll(ctx, tc.charges...)
+		require.ErrorIs(t, err, tc.want, tc.name)
+		tx, terr := pool.Begin(ctx)
+		require.NoError(t, terr)
+		_, err = pgratelimit.AllowAllTx(ctx, tx, tc.charges...)
+		require.ErrorIs(t, err, tc.want, tc.name+" (Tx)")
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	require.Zero(t, countRows(t, pool, "true"), "nothing written")
+}
+
+// The same bucket listed twice adds up; durable and ephemeral buckets of the
+// same prefix and key are different buckets.
+func TestAllowAllSameBucketTwiceAndMixedStorages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	durable, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "p", Capacity: 10, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	ephemeral, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "p", Capacity: 10, Refill: 1, Interval: time.Hour, Storage: pgratelimit.Ephemeral})
+	require.NoError(t, err)
+	m, err := pgratelimit.AllowAll(ctx,
+		pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 3},
+		pgratelimit.Charge{Limiter: ephemeral, Key: "k", Cost: 1},
+		pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 4},
+	)
+	require.NoError(t, err)
+	require.True(t, m.Allowed)
+	require.Len(t, m.Results, 3)
+	require.Equal(t, int64(3), m.Results[0].Remaining, "3+4 taken from one bucket")
+	require.Equal(t, m.Results[0], m.Results[2])
+	require.Equal(t, int64(9), m.Results[1].Remaining)
+	d, err := durable.Peek(ctx, "k")
+	require.NoError(t, err)
+	e, err := ephemeral.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{3, 9}, [2]int64{d.Remaining, e.Remaining})
+
+	m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 2}, pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 2})
+	require.NoError(t, err)
+	require.False(t, m.Allowed, "2+2 > 3")
+	require.False(t, m.Results[0].Allowed)
+	require.Equal(t, int64(3), m.Results[1].Remaining)
+}
+
+// Plans: limiters that share a Prefix share buckets. Moving a key to a bigger
+// plan keeps its tokens and refills up to the new capacity; back to the
+// smaller one clamps.
+func TestPlansShareBuckets(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	pool := newPool(t)
+	plans := map[string]*pgratelimit.Limiter{}
+	for name, capacity := range map[string]int64{"free": 10, "pro": 600} {
+		l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "api", Capacity: capacity, Refill: capacity, Interval: time.Minute, Clock: clock.Now})
+		require.NoError(t, err)
+		plans[name] = l
+	}
+	r, err := plans["free"].AllowN(ctx, "cust-1", 4)
+	require.NoError(t, err)
+	require.Equal(t, int64(6), r.Remaining)
+
+	// Upgrade: the 6 tokens are kept, and the next refill fills to 600.
+	r, err = plans["pro"].AllowN(ctx, "cust-1", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), r.Remaining, "the upgrade keeps the tokens")
+	clock.Add(time.Minute)
+	r, err = plans["pro"].AllowN(ctx, "cust-1", 100)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	require.Equal(t, int64(500), r.Remaining, "refilled up to the new capacity")
+
+	// Downgrade: clamped to 10.
+	r, err = plans["free"].Peek(ctx, "cust-1")
+	require.NoError(t, err)
+	require.Equal(t, int64(10), r.Remaining, "the downgrade clamps")
+	r, err = plans["free"].AllowN(ctx, "cust-1", 10)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	r, err = plans["free"].AllowN(ctx, "cust-1", 1)
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+}
+
+// newSchemaPools opens n pools on one fresh schema (n app instances).
+func newSchemaPools(t *testing.T, n int) []*pgxpool.Pool {
+	s := testdb.NewSchema(t)
+	var pools []*pgxpool.Pool
+	for range n {
+		pools = append(pools, s.Pool(t, 0))
+	}
+	return pools
+}
