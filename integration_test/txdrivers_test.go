@@ -190,4 +190,3 @@ func TestAllowAllInCallerTransaction(t *testing.T) {
 		})
 	}
 }
-
