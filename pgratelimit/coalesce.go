@@ -301,6 +301,7 @@ func (c *coalescer) runLane(ln *lane) {
 	_, err := runOwn(ctx, lim.pool, &txRun{reqs: reqs, clock: lim.now(), settings: lim.waitSettings})
 	cancel()
 	<-c.lanes
+	lim.metrics.batchSize(ctx, len(batch))
 
 	c.mu.Lock()
 	for _, r := range ln.rows {

@@ -43,8 +43,6 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 	return in
 }
 
-func (in *instruments) start() time.Time { return time.Now() }
-
 func (in *instruments) batchSize(ctx context.Context, n int) {
 	in.batch.Record(context.WithoutCancel(ctx), int64(n))
 }
@@ -66,6 +64,19 @@ func record(start time.Time, q *request, charges []Charge) {
 		}
 		in.checks.Add(ctx, 1, attrs)
 		in.duration.Record(ctx, secs, attrs)
+	}
+}
+
+// recordInvalid counts a call refused for its input as an error of each
+// charge that has a limiter.
+func recordInvalid(ctx context.Context, start time.Time, charges []Charge) {
+	secs := time.Since(start).Seconds()
+	ctx = context.WithoutCancel(ctx)
+	for _, c := range charges {
+		if in := c.Limiter; in != nil {
+			in.metrics.checks.Add(ctx, 1, in.metrics.errored)
+			in.metrics.duration.Record(ctx, secs, in.metrics.errored)
+		}
 	}
 }
 

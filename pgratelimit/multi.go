@@ -50,11 +50,12 @@ type MultiResult struct {
 // a cost (summed per bucket) above that bucket's Capacity is ErrInvalidKey,
 // ErrInvalidCost or ErrCostExceedsCapacity, before any database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
+	start := time.Now()
 	q, first, err := newRequest(ctx, charges)
 	if err != nil {
+		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	start := first.metrics.start()
 	var m MultiResult
 	if co := coalescerOf(charges); co != nil {
 		m, err = co.do(q, first)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -60,11 +61,12 @@ func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiRes
 
 // allowAllIn runs the charges in the caller's transaction.
 func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge) (MultiResult, error) {
+	start := time.Now()
 	q, first, err := newRequest(ctx, charges)
 	if err != nil {
+		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	start := first.metrics.start()
 	t := &txRun{reqs: []*request{q}, clock: first.now()}
 	if _, err := t.exec(ctx, ex, false); err != nil {
 		q.err = dbError(what, err)
