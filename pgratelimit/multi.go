@@ -102,8 +102,8 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		if err := validateKey(c.Key); err != nil {
 			return nil, nil, err
 		}
-		if c.Cost < 1 {
-			return nil, nil, fmt.Errorf("%w: %d is below 1", ErrInvalidCost, c.Cost)
+		if err := l.p.validateCost(c.Cost); err != nil {
+			return nil, nil, err
 		}
 		r := l.row(c.Key)
 		j := 0
@@ -118,7 +118,7 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 			q.of[i] = j
 		}
 		if q.charges[j].cost > l.p.capacity {
-			return nil, nil, fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsCapacity, q.charges[j].cost, l.p.capacity)
+			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.charges[j].cost, l.p.capacity)
 		}
 	}
 	return q, first, nil

@@ -40,13 +40,6 @@ const (
 	EphemeralTable = "pgratelimit_ephemeral_buckets"
 )
 
-func (s Storage) table() string {
-	if s == Ephemeral {
-		return EphemeralTable
-	}
-	return DurableTable
-}
-
 var storageStatements = [...]statements{
 	Durable:   newStatements(DurableTable),
 	Ephemeral: newStatements(EphemeralTable),
