@@ -22,7 +22,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
 )
 
 // ErrUnavailable is returned by Start when no way of getting a PostgreSQL
@@ -68,8 +67,9 @@ func (in *Instance) Close(ctx context.Context) error {
 }
 
 // Start returns a running PostgreSQL, trying in order: the URL in
-// opts.EnvVar; opts.Container; the installed server binaries (see BinDirEnv). It returns ErrUnavailable, with each
-// reason, when none works.
+// opts.EnvVar; opts.Container (unless BinDirEnv is set); the installed server
+// binaries (see BinDirEnv). It returns ErrUnavailable, with each reason, when
+// none works.
 func Start(ctx context.Context, opts Options) (*Instance, error) {
 	logf := opts.Logf
 	if logf == nil {
@@ -82,7 +82,11 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 		}
 	}
 	var reasons []string
-	if opts.Container != nil {
+	if dir := os.Getenv(BinDirEnv); dir != "" && opts.Container != nil {
+		// The caller chose the server binaries (another PostgreSQL version,
+		// say): a container would run some other version instead.
+		logf("pglaunch: %s=%s set; not trying a container", BinDirEnv, dir)
+	} else if opts.Container != nil {
 		u, stop, err := opts.Container(ctx)
 		if err == nil {
 			logf("pglaunch: started a container")
@@ -106,8 +110,8 @@ func Start(ctx context.Context, opts Options) (*Instance, error) {
 
 // BinDirEnv names the environment variable that chooses the folder of the
 // server binaries (initdb, pg_ctl, postgres) for local clusters, e.g. another
-// PostgreSQL version's. Unset: initdb and pg_ctl on PATH, else the newest
-// /usr/lib/postgresql/*/bin.
+// PostgreSQL version's; when set, Start tries no container. Unset: initdb and
+// pg_ctl on PATH, else the newest /usr/lib/postgresql/*/bin.
 const BinDirEnv = "PGRATELIMIT_PG_BIN"
 
 // binDir finds the directory of initdb and pg_ctl.
