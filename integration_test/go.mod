@@ -3,6 +3,7 @@ module github.com/pgratelimit/pgratelimit/integration_test
 go 1.26.0
 
 require (
+	github.com/dunglas/httpsfv v1.1.2
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/lib/pq v1.12.3
 	github.com/pgratelimit/pgratelimit v0.0.0-00010101000000-000000000000

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dunglas/httpsfv"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 	"github.com/stretchr/testify/require"
@@ -157,5 +158,12 @@ func TestExtremeConfigs(t *testing.T) {
 	h := httplimit.Middleware(huge, httplimit.Options{LegacyHeaders: true})(okHandler)
 	w := serve(h, "192.0.2.9:1", nil)
 	require.Equal(t, http.StatusOK, w.Code)
-	require.Equal(t, `"huge";q=9223372036854775807;w=3153600000`, w.Header().Get("RateLimit-Policy"))
+	// RFC 8941 integers have at most 15 digits: larger ones are clamped,
+	// and a strict structured-field parser accepts both fields.
+	require.Equal(t, `"huge";q=999999999999999;w=3153600000`, w.Header().Get("RateLimit-Policy"))
+	for _, field := range []string{"RateLimit-Policy", "RateLimit"} {
+		list, err := httpsfv.UnmarshalList(w.Header().Values(field))
+		require.NoError(t, err, "%s: %s", field, w.Header().Get(field))
+		require.Len(t, list, 1)
+	}
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"github.com/dunglas/httpsfv"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -156,4 +157,73 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	w = serve(open, "192.0.2.1:1", nil)
 	require.Equal(t, http.StatusOK, w.Code)
 	require.Equal(t, "ok", w.Body.String())
+}
+
+// Several policies per request: both are charged or neither, RateLimit-Policy
+// lists both, RateLimit reports the one closest to denying, and the limiters
+// can be picked per request (plans).
+func TestMiddlewareAll(t *testing.T) {
+	t.Parallel()
+	clock := newClock()
+	pool := newPool(t)
+	limit := func(prefix string, n int64, per time.Duration) *pgratelimit.Limiter {
+		l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: n, Interval: per, Clock: clock.Now})
+		require.NoError(t, err)
+		return l
+	}
+	plans := map[string][]*pgratelimit.Limiter{
+		"free": {limit("second", 3, time.Second), limit("minute", 5, time.Minute)},
+		"pro":  {limit("second", 3, time.Second), limit("minute-pro", 100, time.Minute)},
+	}
+	h := httplimit.MiddlewareAll(plans["free"], httplimit.Options{
+		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
+		Limiters: func(r *http.Request, key string) ([]*pgratelimit.Limiter, error) {
+			if r.Header.Get("X-Plan") == "pro" {
+				return plans["pro"], nil
+			}
+			return plans["free"], nil
+		},
+	})(okHandler)
+	free := http.Header{"X-Api-Key": {"k1"}}
+
+	for i, want := range []string{`"second";r=2;t=1`, `"second";r=1;t=1`, `"second";r=0;t=1`} {
+		w := serve(h, "192.0.2.1:1", free)
+		require.Equal(t, http.StatusOK, w.Code, "request %d", i)
+		require.Equal(t, `"second";q=3;w=1, "minute";q=5;w=60`, w.Header().Get("RateLimit-Policy"))
+		require.Equal(t, want, w.Header().Get("RateLimit"), "the per-second limit is the closest to denying")
+		for _, field := range []string{"RateLimit-Policy", "RateLimit"} {
+			_, err := httpsfv.UnmarshalList(w.Header().Values(field))
+			require.NoError(t, err, field)
+		}
+	}
+	w := serve(h, "192.0.2.1:1", free)
+	require.Equal(t, http.StatusTooManyRequests, w.Code)
+	require.Equal(t, "1", w.Header().Get("Retry-After"))
+
+	clock.Add(time.Second)
+	for range 2 {
+		require.Equal(t, http.StatusOK, serve(h, "192.0.2.1:1", free).Code)
+	}
+	w = serve(h, "192.0.2.1:1", free)
+	require.Equal(t, http.StatusTooManyRequests, w.Code, "5 per minute used up")
+	require.Equal(t, `"minute";r=0;t=59`, w.Header().Get("RateLimit"), "full a minute after its first check")
+	require.Equal(t, "59", w.Header().Get("Retry-After"))
+	sec, err := plans["free"][0].Peek(context.Background(), httplimitKey(t, "k1"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), sec.Remaining, "the denied request spent nothing per second")
+
+	// The same key on the pro plan: the per-second bucket is shared, the
+	// bigger minute limit lets it through.
+	w = serve(h, "192.0.2.1:1", http.Header{"X-Api-Key": {"k1"}, "X-Plan": {"pro"}})
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Equal(t, `"second";q=3;w=1, "minute-pro";q=100;w=60`, w.Header().Get("RateLimit-Policy"))
+}
+
+// httplimitKey is the bucket key KeyByHeader stores for value.
+func httplimitKey(t *testing.T, value string) string {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("X-API-Key", value)
+	k, err := httplimit.KeyByHeader("X-API-Key")(r)
+	require.NoError(t, err)
+	return k
 }

@@ -49,15 +49,15 @@ func (in *instruments) batchSize(ctx context.Context, n int) {
 
 // record counts a finished call: one check per charge, each recorded by its
 // own limiter.
-func record(start time.Time, q *request, charges []Charge) {
+func record(ctx context.Context, start time.Time, m MultiResult, err error, charges []Charge) {
 	secs := time.Since(start).Seconds()
-	ctx := context.WithoutCancel(q.ctx)
+	ctx = context.WithoutCancel(ctx)
 	for _, c := range charges {
 		in := c.Limiter.metrics
 		attrs := in.errored
 		switch {
-		case q.err != nil:
-		case q.out.Allowed:
+		case err != nil:
+		case m.Allowed:
 			attrs = in.allowed
 		default:
 			attrs = in.denied

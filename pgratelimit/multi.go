@@ -62,10 +62,7 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 	} else {
 		m, err = runAlone(&pending{req: q, lim: first})
 	}
-	if err != nil {
-		q.err = err
-	}
-	record(start, q, charges)
+	record(ctx, start, m, err, charges)
 	return m, err
 }
 

@@ -74,7 +74,7 @@ func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge
 	if q.err == nil {
 		q.err = ctxErrIfUndecided(q)
 	}
-	record(start, q, charges)
+	record(ctx, start, q.out, q.err, charges)
 	return q.out, q.err
 }
 
