@@ -15,17 +15,16 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
 	"github.com/pgratelimit/pgratelimit/migrations"
-	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 // runDemo serves a small app behind the middleware (burst 5, 1 token per
-// second per client IP), sends it seven requests, prints what came back, and
-// keeps serving until interrupted (or exits with --once).
+// second per client IP) and a page to try it on (see demoweb.go), sends the
+// app seven requests, prints what came back, and keeps serving until
+// interrupted (or exits with --once).
 func runDemo(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "demo")
-	addr := f.String("addr", "127.0.0.1:8080", "address to serve on")
-	once := f.Bool("once", false, "exit after the seven requests")
+	addr := f.String("addr", "127.0.0.1:8080", "address to serve the app and the page on")
+	once := f.Bool("once", false, "exit after the seven requests, without serving the page")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
@@ -85,24 +84,22 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 	}
 	fmt.Fprintln(c.stdout, "Migrations applied.")
 
-	l, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "demo", Capacity: 5, Refill: 1, Interval: time.Second, Storage: pgratelimit.Ephemeral,
-	})
-	if err != nil {
-		return err
-	}
-	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "hello from behind the rate limiter")
-	})
-	handler := withRequestTimeout(f.timeout, httplimit.Middleware(l, httplimit.Options{
-		Logger: slog.New(slog.NewTextHandler(c.stderr, nil)),
-	})(app))
-
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s (choose another with --addr): %w", addr, err)
 	}
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	defer ln.Close()
+	// The page's client, and the walkthrough's, is this address (KeyByIP):
+	// a re-run against the same database starts with a full bucket.
+	host, _, _ := net.SplitHostPort(ln.Addr().String())
+	app := newDemoApp(pool, slog.New(slog.NewTextHandler(c.stderr, nil)), f.timeout)
+	if _, err := app.apply(sctx, demoPolicy, "ip:"+host); err != nil {
+		return err
+	}
+	cancel() // set up
+
+	srv := &http.Server{Handler: app.handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv.RegisterOnShutdown(app.shutdown)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	defer func() {
@@ -110,19 +107,14 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	base := "http://" + ln.Addr().String() + "/"
-	fmt.Fprintf(c.stdout, "Serving %s: burst of 5, then 1 request per second per client IP.\n\n", base)
+	page := "http://" + ln.Addr().String() + "/"
+	limited := page + "api/limited"
+	fmt.Fprintf(c.stdout, "Serving %s: burst of 5, then 1 request per second per client IP.\n\n", limited)
 
-	// A re-run against the same database starts with a full bucket.
-	host, _, _ := net.SplitHostPort(ln.Addr().String())
-	if err := l.Reset(sctx, "ip:"+host); err != nil {
-		return err
-	}
-	cancel() // set up
 	client := &http.Client{Timeout: 10 * time.Second}
 	var policy string
 	for i := 1; i <= 7; i++ {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base, nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, limited, nil)
 		if err != nil {
 			return err
 		}
@@ -143,7 +135,8 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 	if once {
 		return nil
 	}
-	fmt.Fprintf(c.stdout, "\nTry it by hand:  curl -i %s\nCtrl-C to stop.\n", base)
+	fmt.Fprintf(c.stdout, "\nThe page:         %s  (send requests, watch the bucket refill, change the policy)\n", page)
+	fmt.Fprintf(c.stdout, "Try it by hand:   curl -i %s\nCtrl-C to stop.\n", limited)
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(c.stdout, "\nStopping.")

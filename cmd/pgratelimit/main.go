@@ -66,7 +66,7 @@ func init() {
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, ""},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never"},
-		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and send it 7 requests", runDemo, 10 * time.Second,
+		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
 			"give up on the database work of the set-up and of each request after D; 0: never"},
 		{"bench", "[flags]", "measure checks per second under load", runBench, time.Minute,
 			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never"},
@@ -235,7 +235,7 @@ func runPeek(ctx context.Context, c *cli, args []string) int {
 		case r.Remaining >= r.Limit:
 			fmt.Fprintf(c.stdout, "%q has %d of %d tokens (full)\n", key, r.Remaining, r.Limit)
 		case r.Remaining == 0:
-			fmt.Fprintf(c.stdout, "%q has 0 of %d tokens (empty): the next in %s, full in %s\n", key, r.Limit, human(r.RetryAfter), human(r.ResetAfter))
+			fmt.Fprintf(c.stdout, "%q has 0 of %d tokens (empty): next token in %s, full in %s\n", key, r.Limit, human(r.RetryAfter), human(r.ResetAfter))
 		default:
 			fmt.Fprintf(c.stdout, "%q has %d of %d tokens, full in %s\n", key, r.Remaining, r.Limit, human(r.ResetAfter))
 		}

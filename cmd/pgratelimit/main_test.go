@@ -211,7 +211,7 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 0, code, "peeking checks nothing, so it never exits 1")
 		require.NotContains(t, out, "denied")
 		require.NotContains(t, out, "allowed")
-		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): the next in \S+, full in \S+\n$`, out)
+		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): next token in \S+, full in \S+\n$`, out)
 
 		code, out, _ = pgrl(url, with("peek", "never-seen")...)
 		require.Equal(t, 0, code)

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+)
+
+// syncBuffer is a bytes.Buffer that the demo writes while a test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var pageLine = regexp.MustCompile(`(?m)^The page: +(http://\S+/) `)
+
+// startDemo runs `pgratelimit demo` in-process against dbURL, as make demo
+// does, and returns the page's URL once the walkthrough is done; the demo
+// stops when the test ends.
+func startDemo(t *testing.T, dbURL string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"demo", "--addr", "127.0.0.1:0"}, &stdout, &stderr, func(k string) string {
+			if k == "DATABASE_URL" {
+				return dbURL
+			}
+			return ""
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			require.Equal(t, 0, code, stderr.String())
+		case <-time.After(30 * time.Second):
+			t.Error("the demo did not stop")
+		}
+	})
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if m := pageLine.FindStringSubmatch(stdout.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("the demo exited (%d) before serving the page:\n%s\n%s", code, stdout.String(), stderr.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no page URL in the demo's output:\n%s", stdout.String())
+		}
+	}
+}
+
+func getJSON(t *testing.T, method, u string, form url.Values, v any) int {
+	t.Helper()
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequest(method, u, body)
+	require.NoError(t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	if v != nil {
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+	}
+	return resp.StatusCode
+}
+
+// The page's API without a browser: the state comes from the database, a
+// policy applies (or is refused in its own words), the rollback scenario
+// spends nothing, and two limits answer together.
+func TestDemoAPI(t *testing.T) {
+	t.Parallel()
+	page := startDemo(t, testdb.NewEmptySchema(t).URL(t))
+
+	var st stateJSON
+	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+	require.Equal(t, "ip:127.0.0.1", st.Key)
+	require.Equal(t, int64(5), st.Bucket.Capacity)
+	require.Equal(t, `"demo";q=5;w=5`, st.Policy.Header)
+	require.Equal(t, checkCounts{Allowed: 5, Denied: 2}, st.Checks, "the walkthrough's seven checks, read from pgratelimit.checks")
+	require.Empty(t, st.Error)
+
+	var errBody map[string]string
+	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"soon"}}, &errBody))
+	require.Contains(t, errBody["error"], `Interval must be a positive duration such as 1s, 500ms or 1m, got "soon"`)
+	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"1ns"}}, &errBody))
+	require.Equal(t, "invalid config: Interval must be a whole number of microseconds, got 1ns", errBody["error"])
+
+	var p policyJSON
+	require.Equal(t, 200, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"4"}, "refill": {"2"}, "interval": {"1h"}, "storage": {"durable"}}, &p))
+	require.Equal(t, policyJSON{Gen: 1, Prefix: "demo", Capacity: 4, Refill: 2, Interval: "1h0m0s", IntervalMS: 3600000,
+		Storage: "durable", Header: `"demo";q=4;w=7200`, Minute: "8 per minute"}, p)
+	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+	require.Equal(t, bucketJSON{Tokens: 4, Capacity: 4}, st.Bucket, "a fresh bucket")
+
+	var rb rollbackJSON
+	require.Equal(t, 200, getJSON(t, "POST", page+"api/scenario/rollback?cost=3", nil, &rb))
+	require.Equal(t, rollbackJSON{Cost: 3, Before: 4, Allowed: true, InTx: 1, Failure: "ERROR: division by zero (SQLSTATE 22012)", After: 4, Capacity: 4}, rb)
+
+	// Two limits: 4 per 2h-refill and 8 per minute; the first limit denies
+	// the fifth request and the per-minute bucket keeps what it had.
+	statuses := ""
+	for range 5 {
+		resp, err := http.Get(page + "api/two-limits")
+		require.NoError(t, err)
+		resp.Body.Close()
+		statuses += fmt.Sprint(resp.StatusCode, " ")
+		require.Equal(t, `"demo";q=4;w=7200, "demo-per-minute";q=8;w=60`, resp.Header.Get("RateLimit-Policy"))
+		if resp.StatusCode == 429 {
+			require.Equal(t, `"demo";r=0;t=7200`, resp.Header.Get("RateLimit"))
+		}
+	}
+	require.Equal(t, "200 200 200 200 429 ", statuses)
+	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+	require.Equal(t, int64(0), st.Bucket.Tokens)
+	require.Equal(t, int64(4), st.Minute.Tokens, "the denied request took nothing from the per-minute limit")
+
+	// The event stream sends the state at least twice a second.
+	resp, err := http.Get(page + "api/events")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	buf := make([]byte, 0, 1<<14)
+	start := time.Now()
+	for strings.Count(string(buf), "data: ") < 3 {
+		n, err := resp.Body.Read(buf[len(buf):cap(buf)])
+		require.NoError(t, err)
+		buf = buf[:len(buf)+n]
+	}
+	require.Less(t, time.Since(start), time.Second, "three events within a second")
+}
+
+// chromium is Debian's Chromium, which .ci/run installs.
+const chromium = "/usr/bin/chromium"
+
+// The page in a real browser: a burst shows 200s then 429s, the token count
+// drops to 0 and refills, a new policy applies, the rollback scenario spends
+// nothing, and the console stays free of errors. With
+// PGRATELIMIT_UPDATE_SCREENSHOT=1 it saves docs/demo.png.
+func TestDemoPage(t *testing.T) {
+	if _, err := os.Stat(chromium); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("no Chromium at %s (apt-get install chromium): %v", chromium, err)
+		}
+		t.Skipf("no Chromium at %s (apt-get install chromium)", chromium)
+	}
+	t.Parallel()
+	page := startDemo(t, testdb.NewEmptySchema(t).URL(t))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	actx, cancel := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(chromium),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 1000),
+	)
+	defer cancel()
+	bctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+
+	// Every console message, checked at the end. The browser logs each 429
+	// that fetch receives as a network error: those are the demo working, as
+	// is the 400 of the policy the test gets refused on purpose.
+	var mu sync.Mutex
+	var consoleErrors []string
+	console := chromedp.Console(bctx)
+	go func() {
+		for m, err := range console {
+			if err != nil {
+				return
+			}
+			if m.Type != chromedp.ConsoleError && !m.IsException() {
+				continue
+			}
+			if m.Source == "network" && (strings.Contains(m.Text, "429 (Too Many Requests)") ||
+				strings.Contains(m.Text, "400 (Bad Request)") && strings.HasSuffix(m.URL, "/api/policy")) {
+				continue
+			}
+			mu.Lock()
+			consoleErrors = append(consoleErrors, m.String()+" at "+m.URL)
+			mu.Unlock()
+		}
+	}()
+
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(bctx, actions...), what)
+	}
+	eval := func(js string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
+		require.NoError(t, err, js)
+		return s
+	}
+	// waitFor polls a JavaScript condition in the page.
+	waitFor := func(what, cond string, timeout time.Duration) {
+		t.Helper()
+		_, err := chromedp.Run(bctx, chromedp.Poll[chromedp.Void](cond,
+			chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(timeout)))
+		require.NoError(t, err, "waiting for %s (%s)", what, cond)
+	}
+	const q = `document.querySelector('[data-testid="%s"]')`
+	text := func(id string) string { return eval(fmt.Sprintf(q+`.textContent`, id)) }
+	results := func() []string {
+		var out []string
+		require.NoError(t, json.Unmarshal([]byte(eval(`JSON.stringify([...document.querySelectorAll('[data-testid="result"]')].map(e => e.textContent))`)), &out))
+		return out
+	}
+	setValue := func(id, v string) chromedp.Action[chromedp.Void] {
+		return chromedp.SetValue(fmt.Sprintf(`[data-testid="%s"]`, id), v)
+	}
+	// click waits until no scenario runs (they disable the buttons), then
+	// clicks.
+	click := func(id string) chromedp.Action[chromedp.Void] {
+		return func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+			idle := chromedp.Poll[chromedp.Void](fmt.Sprintf(`!`+q+`.disabled`, id),
+				chromedp.WithPollingInterval(20*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second))
+			if _, err := idle(ctx, tg); err != nil {
+				return chromedp.Void{}, err
+			}
+			return chromedp.Click(fmt.Sprintf(`[data-testid="%s"]`, id))(ctx, tg)
+		}
+	}
+
+	do("open the page", chromedp.Navigate(page))
+	waitFor("the first state", fmt.Sprintf(`/^\d+$/.test(`+q+`.textContent)`, "remaining"), 20*time.Second)
+	require.Equal(t, "ip:127.0.0.1", text("key"))
+
+	// One request.
+	do("send one", click("send"))
+	waitFor("its response", `document.querySelectorAll('[data-testid="result"]').length === 1`, 10*time.Second)
+	require.Regexp(t, `^#1 (200 OK|429 Too Many Requests) cost 1 RateLimit: "demo";r=\d;t=\d`, results()[0])
+
+	// A policy whose refills are slow enough to watch the bucket at 0.
+	do("a slow policy", setValue("capacity", "5"), setValue("refill", "1"), setValue("interval", "3s"), click("apply"))
+	waitFor("the policy", fmt.Sprintf(q+`.textContent.includes('Refill 1 every 3s')`, "policy"), 10*time.Second)
+	waitFor("a fresh bucket", fmt.Sprintf(q+`.textContent === '5'`, "remaining"), 10*time.Second)
+
+	// The burst: 200s, then 429s.
+	do("the burst scenario", click("scenario-burst"))
+	waitFor("the burst", fmt.Sprintf(q+`.textContent.startsWith('Burst of 8')`, "scenario-status"), 30*time.Second)
+	burst := results()[1:]
+	var statuses []string
+	for _, r := range burst {
+		statuses = append(statuses, regexp.MustCompile(`^#\d+ (\d{3}) `).FindStringSubmatch(r)[1])
+	}
+	require.Equal(t, []string{"200", "200", "200", "200", "200", "429", "429", "429"}, statuses, "%q", burst)
+	require.Contains(t, burst[5], "Retry-After: ")
+	require.Equal(t, "Burst of 8 from a full bucket of 5: 5 allowed (200), 3 denied (429).", text("scenario-status"))
+
+	// The token count reaches 0, then refills on the grid.
+	waitFor("an empty bucket", fmt.Sprintf(q+`.textContent === '0'`, "remaining"), 5*time.Second)
+	waitFor("a refill", fmt.Sprintf(q+`.textContent === '1'`, "remaining"), 5*time.Second)
+
+	// The counters come from pgratelimit.checks.
+	waitFor("the counters", fmt.Sprintf(`Number(`+q+`.textContent) >= 3`, "count-denied"), 5*time.Second)
+
+	// Another policy: a new limiter, a fresh bucket.
+	do("a fast policy", setValue("capacity", "3"), setValue("refill", "2"), setValue("interval", "500ms"), setValue("storage", "durable"), click("apply"))
+	waitFor("the policy", fmt.Sprintf(q+`.textContent.includes('Capacity 3, Refill 2 every 500ms, durable')`, "policy"), 10*time.Second)
+	waitFor("a fresh bucket", fmt.Sprintf(q+`.textContent === '3'`, "remaining"), 10*time.Second)
+
+	// Steady traffic at 90% of the refill rate: every request allowed.
+	do("the steady scenario", click("scenario-steady"))
+	waitFor("steady", fmt.Sprintf(q+`.textContent.startsWith('Steady, at 90%% of the refill rate:')`, "scenario-status"), 30*time.Second)
+	require.Equal(t, "Steady, at 90% of the refill rate: 12 of 12 allowed.", text("scenario-status"))
+
+	// A policy the limiter refuses says why, on the page.
+	do("a bad interval", setValue("interval", "soon"), click("apply"))
+	waitFor("the refusal", fmt.Sprintf(q+`.textContent.includes('Interval must be')`, "scenario-status"), 10*time.Second)
+	require.Equal(t, `Interval must be a positive duration such as 1s, 500ms or 1m, got "soon"`, text("scenario-status"))
+	require.Contains(t, text("policy"), "Capacity 3, Refill 2 every 500ms, durable", "the policy stays")
+
+	// Credits charged in a transaction that rolls back: nothing spent.
+	do("the rollback scenario", click("scenario-rollback"))
+	waitFor("the rollback", fmt.Sprintf(q+`.textContent.startsWith('Rollback:')`, "scenario-status"), 10*time.Second)
+	require.Equal(t, "Rollback: charged 3 inside a transaction (3 → 0 tokens, seen inside it); then its work failed "+
+		"(ERROR: division by zero (SQLSTATE 22012)) and it rolled back: the bucket has 3 of 3, nothing spent.", text("scenario-status"))
+
+	// Two limits at once.
+	do("the two-limits scenario", click("scenario-two-limits"))
+	waitFor("two limits", fmt.Sprintf(q+`.textContent.includes('Requests denied by one limit took nothing from the other')`, "scenario-status"), 30*time.Second)
+	require.Regexp(t, `^Two limits: [1-6] of 9 allowed; denied: `, text("scenario-status"))
+	require.Regexp(t, `^[0-5] of 6$`, text("minute"))
+
+	// Something to look at: a burst under a policy that refills a token a
+	// second, and the bucket refilling step by step on its grid.
+	do("a policy to watch", setValue("capacity", "8"), setValue("refill", "1"), setValue("interval", "1s"), setValue("storage", "ephemeral"), click("apply"))
+	waitFor("a fresh bucket", fmt.Sprintf(q+`.textContent === '8'`, "remaining"), 10*time.Second)
+	time.Sleep(2 * time.Second) // the chart shows a full bucket first
+	do("a burst by hand", setValue("burst-size", "11"), click("send-burst"))
+	waitFor("the burst", fmt.Sprintf(q+`.textContent.startsWith('Burst of 11:')`, "scenario-status"), 20*time.Second)
+	waitFor("refills", fmt.Sprintf(q+`.textContent === '5'`, "remaining"), 10*time.Second)
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	shot := filepath.Join(t.TempDir(), "demo.png")
+	if os.Getenv("PGRATELIMIT_UPDATE_SCREENSHOT") == "1" {
+		shot = filepath.Join("..", "..", "docs", "demo.png")
+		require.NoError(t, os.MkdirAll(filepath.Dir(shot), 0o755))
+	}
+	require.NoError(t, os.WriteFile(shot, png, 0o644))
+	t.Logf("screenshot: %s", shot)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, consoleErrors, "console errors")
+}
