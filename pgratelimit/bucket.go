@@ -19,7 +19,9 @@ type policy struct {
 }
 
 // bucket is one row: tokens as of refilledAt, a point on the row's refill grid.
-// A row with expiresAt <= now is full and is treated exactly like a missing row.
+// A row with expiresAt <= now is full and is treated exactly like a missing
+// row, and so is a placeholder row (refilledAt is the zero time) that a check
+// inserted and never wrote.
 type bucket struct {
 	tokens     int64
 	refilledAt time.Time
@@ -42,7 +44,7 @@ func (p policy) fresh(now time.Time) bucket {
 // when the cap cuts the refill short, and never backwards: a clock that is
 // behind refilledAt adds nothing.
 func (p policy) load(b bucket, now time.Time) bucket {
-	if !now.Before(b.expiresAt) {
+	if !now.Before(b.expiresAt) || b.refilledAt.IsZero() {
 		return p.fresh(now)
 	}
 	b.tokens = min(max(b.tokens, 0), p.capacity)

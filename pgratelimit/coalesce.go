@@ -158,7 +158,7 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 
 // runAlone runs p in a transaction of its own that waits for its rows.
 func runAlone(p *pending) (MultiResult, error) {
-	_, err := runOwn(p.req.ctx, p.lim.pool, &txRun{reqs: []*request{p.req}, clock: p.lim.now(), settings: p.lim.waitSettings})
+	_, err := runOwn(p.req.ctx, p.lim.pool, p.lim.run([]*request{p.req}, false))
 	if err != nil {
 		return MultiResult{}, dbError("check", err)
 	}
@@ -191,7 +191,7 @@ func (c *coalescer) runBatch(batch []*pending) {
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
-	deferred, err := runOwn(ctx, lim.pool, &txRun{reqs: reqs, clock: lim.now(), skip: true, settings: lim.batchSettings})
+	deferred, err := runOwn(ctx, lim.pool, lim.run(reqs, true))
 	cancel()
 	lim.metrics.batchSize(ctx, len(batch))
 
@@ -235,6 +235,7 @@ func (c *coalescer) formBatches() [][]*pending {
 func (c *coalescer) form() []*pending {
 	var batch, keep []*pending
 	held := make(map[row]bool)
+	mine := make(map[row]bool) // rows of this batch, which its later checks may share
 	for i, p := range c.queue {
 		if len(batch) == maxBatch {
 			keep = append(keep, c.queue[i:]...)
@@ -245,9 +246,12 @@ func (c *coalescer) form() []*pending {
 		case c.anyParked(p.rows):
 			c.park(p)
 			continue
-		case !c.anyInflight(p.rows) && (len(batch) == 0 || p.grp == batch[0].grp):
+		case !slices.ContainsFunc(p.rows, func(r row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
+			(len(batch) == 0 || p.grp == batch[0].grp):
 			batch = append(batch, p)
-			c.markInflight(p.rows, 1)
+			for _, r := range p.rows {
+				mine[r] = true
+			}
 			continue
 		}
 		for _, r := range p.rows {
@@ -257,6 +261,9 @@ func (c *coalescer) form() []*pending {
 	}
 	clear(c.queue)
 	c.queue = append(c.queue[:0], keep...)
+	for _, p := range batch {
+		c.markInflight(p.rows, 1)
+	}
 	return batch
 }
 
@@ -298,7 +305,7 @@ func (c *coalescer) runLane(ln *lane) {
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
-	_, err := runOwn(ctx, lim.pool, &txRun{reqs: reqs, clock: lim.now(), settings: lim.waitSettings})
+	_, err := runOwn(ctx, lim.pool, lim.run(reqs, false))
 	cancel()
 	<-c.lanes
 	lim.metrics.batchSize(ctx, len(batch))

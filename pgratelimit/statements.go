@@ -17,12 +17,15 @@ import (
 // and on any database/sql driver, in every pgx query mode, and behind
 // PgBouncer. $1 and $2 are always the rows' prefixes and keys.
 type statements struct {
-	// insert creates the missing rows as placeholders that have already
-	// expired, which every check treats exactly as a missing row (a full
+	// insert creates the missing rows as placeholders: refilled_at is the
+	// zero time, which every check reads exactly as a missing row (a full
 	// bucket whose grid starts at the clock read after the row lock). The
 	// check that inserts one then writes its real state; a check that ends
 	// without writing (denied by another bucket of an AllowAll, or given up)
-	// leaves nothing that changes a later decision.
+	// leaves nothing that changes a later decision. expires_at is already
+	// what the first check will compute ($3: how long after it the bucket is
+	// full again, rounded up to the minute from the transaction's clock), so
+	// that check's UPDATE leaves the indexed column alone and stays HOT.
 	insert string
 	// lock and lockSkip lock the rows in (prefix, key) order and read them
 	// with the clock ($3, or the database's clock_timestamp() read after the
@@ -34,41 +37,66 @@ type statements struct {
 	relock string
 	// update writes the rows a check changed.
 	update string
+	// The same for one row, with scalar parameters: cheaper for a few rows
+	// than arrays (no custom planning), and the only shape a distributed
+	// table (Citus) routes to one shard. $1 and $2 are the prefix and key.
+	insert1, lock1, lockSkip1, relock1, update1 string
+
 	// peek reads one row without locking it.
 	peek string
 	// remove deletes one row (Reset).
 	remove string
 }
 
-// placeholderTime is the refilled_at and expires_at of a placeholder row:
-// Go's zero time, before any clock a check can read.
+// placeholderTime is the refilled_at of a placeholder row: Go's zero time,
+// before any clock a check can read.
 const placeholderTime = `timestamptz '0001-01-01 00:00:00+00'`
+
+// expiryOf is the expires_at of a new row: the transaction's clock ($4, or
+// now()) plus its horizon, rounded up to the minute as bucket.expiry does.
+func expiryOf(horizon string) string {
+	return `date_bin('1 minute', COALESCE($4::timestamptz, now()) + ` + horizon + ` + interval '59.999999 seconds', timestamptz 'epoch')`
+}
 
 func newStatements(table string) statements {
 	t := pgx.Identifier{table}.Sanitize()
 	rows := `unnest($1::text::text[], $2::text::text[])`
+	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
 	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT t.prefix, t.key, t.tokens, t.refilled_at, t.expires_at
       FROM ` + rows + ` AS r(prefix, key) JOIN ` + t + ` t ON t.prefix = r.prefix AND t.key = r.key
       ORDER BY t.prefix, t.key FOR UPDATE OF t%s) b`
+	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%s) b`
 	return statements{
 		insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + placeholderTime + `
-FROM ` + rows + ` WITH ORDINALITY AS r(prefix, key, i)
+SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
+FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i
 ON CONFLICT (prefix, key) DO NOTHING`,
 		lock:     strings.Replace(lock, "%s", "", 1),
 		lockSkip: strings.Replace(lock, "%s", " SKIP LOCKED", 1),
 		relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
-SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + placeholderTime + `
-FROM ` + rows + ` WITH ORDINALITY AS r(prefix, key, i)
+SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
+FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())`,
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
 		update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
      AS r(prefix, key, tokens, refilled_at, expires_at)
 WHERE t.prefix = r.prefix AND t.key = r.key`,
+		insert1: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)
+ON CONFLICT (prefix, key) DO NOTHING`,
+		lock1:     strings.Replace(lock1, "%s", "", 1),
+		lockSkip1: strings.Replace(lock1, "%s", " SKIP LOCKED", 1),
+		relock1: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)
+ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
+		update1: `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
@@ -109,6 +137,11 @@ func int64Array(n int, elem func(i int) int64) string {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// interval encodes a duration as PostgreSQL interval input, in microseconds.
+func interval(d time.Duration) string {
+	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
 }
 
 // timeArray encodes times in UTC with microseconds, PostgreSQL's resolution.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -209,11 +208,6 @@ type Limiter struct {
 	log     *slog.Logger
 	co      *coalescer // the pool's; nil when Config.DisableCoalescing
 	metrics *instruments
-	// The set_config pairs of the limiter's own transactions: those that
-	// wait for their rows (LockTimeout, AsyncCommit), and coalesced batches,
-	// which never wait for a row lock but bound how long their INSERT may
-	// wait for another transaction's new row (insertGuard).
-	waitSettings, batchSettings []any
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -237,17 +231,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		p:       policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
 		log:     log,
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
-	}
-	// Plan each transaction's statements for its own arrays: measured 2-3x
-	// faster than the generic plans a connection caches.
-	l.waitSettings = []any{"plan_cache_mode", "force_custom_plan"}
-	l.batchSettings = []any{"plan_cache_mode", "force_custom_plan", "lock_timeout", strconv.FormatInt(insertGuard.Milliseconds(), 10) + "ms"}
-	if cfg.LockTimeout > 0 {
-		l.waitSettings = append(l.waitSettings, "lock_timeout", strconv.FormatInt(cfg.LockTimeout.Milliseconds(), 10)+"ms")
-	}
-	if cfg.AsyncCommit {
-		l.waitSettings = append(l.waitSettings, "synchronous_commit", "off")
-		l.batchSettings = append(l.batchSettings, "synchronous_commit", "off")
 	}
 	if !cfg.DisableCoalescing {
 		conns := cfg.CoalesceConns
@@ -312,7 +295,7 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	q := &request{ctx: ctx, give: true, charges: []charge{{row: l.row(key), policy: l.p, cost: n}}}
-	if _, err := runOwn(ctx, l.pool, &txRun{reqs: []*request{q}, clock: l.now(), settings: l.waitSettings}); err != nil {
+	if _, err := runOwn(ctx, l.pool, l.run([]*request{q}, false)); err != nil {
 		return Result{}, dbError("refund "+quoteKey(key), err)
 	}
 	if err := ctxErrIfUndecided(q); err != nil {
