@@ -14,7 +14,7 @@ MODULES := . cmd/pgratelimit integration_test
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-demo: ## Serve a rate-limited HTTP app on 127.0.0.1:8080 and show 200s then 429s (DATABASE_URL, else a throwaway PostgreSQL).
+demo: ## Serve the demo app and its page at http://127.0.0.1:8080/ (DATABASE_URL, else a throwaway PostgreSQL).
 	@trap 'exit 0' INT; $(GO) build -o bin/pgratelimit ./cmd/pgratelimit && exec ./bin/pgratelimit demo $(DEMOFLAGS)
 
 test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
