@@ -23,6 +23,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"errors"
 	"fmt"
 
 	"github.com/pressly/goose/v3"
@@ -96,4 +97,40 @@ func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
 		return nil, fmt.Errorf("pgratelimit migrations: status: %w", err)
 	}
 	return st, nil
+}
+
+// ErrNoCitus is returned by Distribute when the database does not have the
+// citus extension.
+var ErrNoCitus = errors.New("pgratelimit migrations: the citus extension is not installed in this database; run CREATE EXTENSION citus on the coordinator first")
+
+// Distribute distributes both bucket tables by key across a Citus cluster
+// (create_distributed_table), so that every statement of a check routes to
+// the one shard that holds its key. Run it on the coordinator after Up;
+// running it again is a no-op. It returns ErrNoCitus when the citus
+// extension is missing.
+func Distribute(ctx context.Context, db *sql.DB) error {
+	var citus bool
+	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return fmt.Errorf("pgratelimit migrations: distribute: %w", err)
+	}
+	if !citus {
+		return ErrNoCitus
+	}
+	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets"} {
+		var exists, distributed bool
+		err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL,
+       EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&exists, &distributed)
+		switch {
+		case err != nil:
+			return fmt.Errorf("pgratelimit migrations: distribute %s: %w", table, err)
+		case !exists:
+			return fmt.Errorf("pgratelimit migrations: distribute: %s does not exist; run the migrations (Up) first", table)
+		case distributed:
+			continue
+		}
+		if _, err := db.ExecContext(ctx, `SELECT create_distributed_table($1::regclass, 'key')`, table); err != nil {
+			return fmt.Errorf("pgratelimit migrations: distribute %s: %w", table, err)
+		}
+	}
+	return nil
 }

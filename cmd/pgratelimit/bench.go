@@ -38,11 +38,16 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	interval := f.Duration("interval", time.Second, "refill interval")
 	conns := f.Int("conns", 0, "pool connections (default: --concurrency, at most 200)")
 	coalesceConns := f.Int("coalesce-conns", 0, "Config.CoalesceConns (default: the library's)")
+	limits := f.Int("limits", 1, "limits charged per check: 1, or 2 (the policy above, and one per day of the same capacity, in one AllowAll)")
+	citus := f.Bool("citus", false, "distribute the scratch tables by key (Citus; also done when the citus extension is installed)")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
 	if *conc < 1 || *keys < 1 || *duration <= 0 {
 		return f.fail(usagef("--concurrency, --keys and --duration must be positive"))
+	}
+	if *limits != 1 && *limits != 2 {
+		return f.fail(usagef("--limits must be 1 or 2, got %d", *limits))
 	}
 	if *mode != "coalesce" && *mode != "per-check" {
 		return f.fail(usagef("--mode must be coalesce or per-check, got %q", *mode))
@@ -62,11 +67,14 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus})
 	if err != nil {
 		return f.fail(err)
 	}
 	rep.Contender = fmt.Sprintf("ours-%s-%s", *mode, *storage)
+	if *limits == 2 {
+		rep.Contender += "-2limits"
+	}
 	out := c.stdout
 	if f.json {
 		out = c.stderr
@@ -74,6 +82,11 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	fmt.Fprintf(out, "%s: %d in flight, %d keys, %s, cost %d\n", rep.Contender, rep.Conc, rep.Keys, *duration, *cost)
 	fmt.Fprintf(out, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", rep.ChecksPerSec, rep.P50ms, rep.P99ms, rep.MaxMs)
 	fmt.Fprintf(out, "  allowed %d   denied %d   errors %d\n", rep.Allowed, rep.Denied, rep.Errors)
+	server := "n/a (not a local server)"
+	if rep.ServerUsPerCheck > 0 {
+		server = fmt.Sprintf("%.1f", rep.ServerUsPerCheck)
+	}
+	fmt.Fprintf(out, "  CPU per check: client %.1f µs, server %s µs\n", rep.ClientUsPerCheck, server)
 	fmt.Fprintf(out, "  audit: %s\n", rep.Audit)
 	fmt.Fprintf(out, "  HOT updates: %.1f%% of %d\n", 100*rep.HotRatio, rep.Updates)
 	if f.json {
@@ -86,9 +99,10 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 }
 
 type benchRun struct {
-	conc, keys, conns int
-	duration          time.Duration
-	cost              int64
+	conc, keys, conns, limits int
+	duration                  time.Duration
+	cost                      int64
+	citus                     bool
 }
 
 type benchReport struct {
@@ -106,6 +120,12 @@ type benchReport struct {
 	Audit        string  `json:"audit"`
 	HotRatio     float64 `json:"hot_update_ratio"`
 	Updates      int64   `json:"updates"`
+	Limits       int     `json:"limits"`
+	Distributed  bool    `json:"distributed"`
+	// CPU time per check: this process's, and the database server's
+	// processes' when the server runs on this machine (0 otherwise).
+	ClientUsPerCheck float64 `json:"client_us_per_check"`
+	ServerUsPerCheck float64 `json:"server_us_per_check"`
 }
 
 func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgratelimit.Config, run benchRun) (rep benchReport, err error) {
@@ -136,6 +156,14 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 	pcfg.MaxConns = int32(run.conns)
 	db := stdlib.OpenDB(*pcfg.ConnConfig)
 	err = migrations.Up(sctx, db)
+	distributed := false
+	if err == nil {
+		var citusInstalled bool
+		if err = db.QueryRowContext(sctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citusInstalled); err == nil && (run.citus || citusInstalled) {
+			err = migrations.Distribute(sctx, db)
+			distributed = err == nil
+		}
+	}
 	db.Close()
 	if err != nil {
 		return rep, err
@@ -150,6 +178,25 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 		pool.Close()
 		return rep, err
 	}
+	check := func(ctx context.Context, key string, cost int64) (bool, error) {
+		r, err := l.AllowN(ctx, key, cost)
+		return r.Allowed, err
+	}
+	if run.limits == 2 {
+		dayCfg := cfg
+		dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
+		day, err := pgratelimit.New(pool, dayCfg)
+		if err != nil {
+			pool.Close()
+			return rep, err
+		}
+		check = func(ctx context.Context, key string, cost int64) (bool, error) {
+			m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}, pgratelimit.Charge{Limiter: day, Key: key, Cost: cost})
+			return m.Allowed, err
+		}
+	}
+	server := serverCPU(ctx, pool)
+	client := clientCPU()
 
 	keyNames := make([]string, run.keys)
 	for i := range keyNames {
@@ -174,7 +221,7 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 			for runCtx.Err() == nil {
 				k := rng.IntN(run.keys)
 				t0 := time.Now()
-				r, err := l.AllowN(runCtx, keyNames[k], run.cost)
+				ok, err := check(runCtx, keyNames[k], run.cost)
 				if err != nil {
 					if runCtx.Err() != nil || !time.Now().Before(end) {
 						break // the run ended mid-check: not an error of the limiter
@@ -184,7 +231,7 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 					continue
 				}
 				mine = append(mine, time.Since(t0))
-				if r.Allowed {
+				if ok {
 					allowed.Add(1)
 					allowedCost[k].Add(run.cost)
 				} else {
@@ -215,7 +262,9 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 	}()
 	wg.Wait()
 	elapsed := time.Since(start)
+	clientUsed := clientCPU() - client
 	close(done)
+	serverUsed := serverCPU(ctx, pool) - server
 	pool.Close() // backends exit and flush their statistics
 
 	all := slices.Concat(lat...)
@@ -231,6 +280,13 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 		ChecksPerSec: math.Round(float64(len(all)) / elapsed.Seconds()),
 		P50ms:        pct(0.50), P99ms: pct(0.99), MaxMs: pct(1),
 		Allowed: allowed.Load(), Denied: denied.Load(), Errors: errs.Load(), Audit: "ok",
+		Limits: run.limits, Distributed: distributed,
+	}
+	if n := float64(len(all)); n > 0 {
+		rep.ClientUsPerCheck = math.Round(10*float64(clientUsed.Microseconds())/n) / 10
+		if server > 0 {
+			rep.ServerUsPerCheck = math.Round(10*float64(serverUsed.Microseconds())/n) / 10
+		}
 	}
 	if e := firstErr.Load(); e != nil {
 		fmt.Fprintf(c.stderr, "first error: %s\n", e)
