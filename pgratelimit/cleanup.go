@@ -92,11 +92,12 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
 	deleted := cleanupCounter(opts.MeterProvider)
+	distributed := poolStateFor(pool, 0).distributed(ctx, pool)
 	for _, table := range []string{DurableTable, EphemeralTable} {
-		t := pgx.Identifier{table}.Sanitize()
-		del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + t + ` WHERE expires_at <= COALESCE($1::timestamptz, now())
-	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+		del := deleteLocal(table)
+		if distributed {
+			del = deleteDistributed(table)
+		}
 		for {
 			if err := ctx.Err(); err != nil {
 				return st, err
@@ -105,7 +106,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 			if opts.Clock != nil {
 				now = opts.Clock().Truncate(time.Microsecond).UTC()
 			}
-			n, locked, err := deleteBatch(ctx, pool, del, now, opts, exclusive)
+			n, more, locked, err := deleteBatch(ctx, pool, del, now, opts, exclusive)
 			if err != nil {
 				return st, dbError("delete expired rows of "+table, err)
 			}
@@ -116,7 +117,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 			st.Batches++
 			st.Deleted += n
 			deleted.Add(context.WithoutCancel(ctx), n)
-			if n < int64(opts.BatchSize) {
+			if !more {
 				break
 			}
 		}
@@ -124,13 +125,54 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	return st, nil
 }
 
+// deleter deletes one batch of expired rows in tx: how many, and whether
+// there may be more.
+type deleter func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (n int64, more bool, err error)
+
+// deleteLocal deletes a batch of a plain table: the oldest expired rows that
+// no check holds.
+func deleteLocal(table string) deleter {
+	t := pgx.Identifier{table}.Sanitize()
+	del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + t + ` WHERE expires_at <= COALESCE($1::timestamptz, now())
+	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		tag, err := tx.Exec(ctx, del, now, batchSize)
+		n := tag.RowsAffected()
+		return n, n >= int64(batchSize), err
+	}
+}
+
+// deleteDistributed deletes a batch of a distributed table (Citus): the same
+// DELETE on every shard, run there by run_command_on_shards, since Citus
+// cannot lock rows by ctid across shards. The time is the coordinator's.
+func deleteDistributed(table string) deleter {
+	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
+       coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
+       coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
+FROM run_command_on_shards($1::regclass, format(
+  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE expires_at <= %L ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))',
+  COALESCE($2::timestamptz, now()), $3::int))`
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		var n, most int64
+		var failed string
+		if err := tx.QueryRow(ctx, del, table, now, batchSize).Scan(&n, &most, &failed); err != nil {
+			return 0, false, err
+		}
+		if failed != "" {
+			return n, false, fmt.Errorf("on some shards: %s", failed)
+		}
+		return n, most >= int64(batchSize), nil
+	}
+}
+
 // deleteBatch runs one batch transaction. When exclusive, it first takes the
 // cleanup advisory lock for the transaction and reports locked == false,
 // deleting nothing, if another instance holds it.
-func deleteBatch(ctx context.Context, pool *pgxpool.Pool, del string, now any, opts CleanupOptions, exclusive bool) (n int64, locked bool, err error) {
+func deleteBatch(ctx context.Context, pool *pgxpool.Pool, del deleter, now any, opts CleanupOptions, exclusive bool) (n int64, more, locked bool, err error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	batch := &pgx.Batch{}
@@ -142,19 +184,19 @@ func deleteBatch(ctx context.Context, pool *pgxpool.Pool, del string, now any, o
 		})
 	}
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	if !locked {
-		return 0, false, nil
+		return 0, false, false, nil
 	}
-	tag, err := tx.Exec(ctx, del, now, opts.BatchSize)
+	n, more, err = del(ctx, tx, now, opts.BatchSize)
 	if err != nil {
-		return 0, true, err
+		return 0, false, true, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, true, err
+		return 0, false, true, err
 	}
-	return tag.RowsAffected(), true, nil
+	return n, more, true, nil
 }
 
 // CleanerConfig configures a Cleaner.

@@ -2,14 +2,10 @@ package pgratelimit
 
 import (
 	"context"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-	"weak"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Coalescing: checks that arrive through the limiters of one pool while its
@@ -71,47 +67,29 @@ type coalescer struct {
 	inflight map[row]int   // rows of the batches in flight
 	parked   map[row]*lane // each row's last lane
 	lanes    chan struct{} // lane transactions in flight, at most cap(lanes)
+	// oneRow makes every batch the checks of one row (Citus: a
+	// transaction over several shards would need two-phase commit).
+	oneRow bool
 }
 
-// The coalescer of each pool, shared by its limiters; an entry goes when its
-// pool is garbage collected.
-var coalescers struct {
-	sync.Mutex
-	m map[weak.Pointer[pgxpool.Pool]]*coalescer
+// newCoalescer returns a coalescer that runs up to slots batches at once on
+// a pool of maxConns connections.
+func newCoalescer(slots, maxConns int) *coalescer {
+	return &coalescer{
+		slots:    slots,
+		inflight: make(map[row]int),
+		parked:   make(map[row]*lane),
+		// Lanes wait for row locks on connections of their own: leave the
+		// batches theirs.
+		lanes: make(chan struct{}, max(maxConns-slots, 1)),
+	}
 }
 
-// coalescerFor returns pool's coalescer, making sure it runs at least conns
-// batches at once (capped at the pool's MaxConns).
-func coalescerFor(pool *pgxpool.Pool, conns int) *coalescer {
-	maxConns := int(pool.Config().MaxConns)
-	slots := max(min(conns, maxConns), 1)
-	wp := weak.Make(pool)
-	coalescers.Lock()
-	defer coalescers.Unlock()
-	if coalescers.m == nil {
-		coalescers.m = make(map[weak.Pointer[pgxpool.Pool]]*coalescer)
-	}
-	c := coalescers.m[wp]
-	if c == nil {
-		c = &coalescer{
-			slots:    slots,
-			inflight: make(map[row]int),
-			parked:   make(map[row]*lane),
-			// Lanes wait for row locks on connections of their own: leave
-			// the batches theirs.
-			lanes: make(chan struct{}, max(maxConns-slots, 1)),
-		}
-		coalescers.m[wp] = c
-		runtime.AddCleanup(pool, func(wp weak.Pointer[pgxpool.Pool]) {
-			coalescers.Lock()
-			delete(coalescers.m, wp)
-			coalescers.Unlock()
-		}, wp)
-	}
+// atLeast makes c run at least slots batches at once.
+func (c *coalescer) atLeast(slots int) {
 	c.mu.Lock()
 	c.slots = max(c.slots, slots)
 	c.mu.Unlock()
-	return c
 }
 
 // do runs q through the coalescer and returns its outcome, or ctx's error as
@@ -158,7 +136,7 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 
 // runAlone runs p in a transaction of its own that waits for its rows.
 func runAlone(p *pending) (MultiResult, error) {
-	_, err := runOwn(p.req.ctx, p.lim.pool, p.lim.run([]*request{p.req}, false))
+	_, err := runOwn(p.req.ctx, p.lim.pool, p.lim.run(p.req.ctx, []*request{p.req}, false))
 	if err != nil {
 		return MultiResult{}, dbError("check", err)
 	}
@@ -191,7 +169,7 @@ func (c *coalescer) runBatch(batch []*pending) {
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
-	deferred, err := runOwn(ctx, lim.pool, lim.run(reqs, true))
+	deferred, err := runOwn(ctx, lim.pool, lim.run(ctx, reqs, true))
 	cancel()
 	lim.metrics.batchSize(ctx, len(batch))
 
@@ -247,7 +225,7 @@ func (c *coalescer) form() []*pending {
 			c.park(p)
 			continue
 		case !slices.ContainsFunc(p.rows, func(r row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
-			(len(batch) == 0 || p.grp == batch[0].grp):
+			(len(batch) == 0 || p.grp == batch[0].grp && (!c.oneRow || slices.Equal(p.rows, batch[0].rows))):
 			batch = append(batch, p)
 			for _, r := range p.rows {
 				mine[r] = true
@@ -305,7 +283,7 @@ func (c *coalescer) runLane(ln *lane) {
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
-	_, err := runOwn(ctx, lim.pool, lim.run(reqs, false))
+	_, err := runOwn(ctx, lim.pool, lim.run(ctx, reqs, false))
 	cancel()
 	<-c.lanes
 	lim.metrics.batchSize(ctx, len(batch))

@@ -161,8 +161,9 @@ type txRun struct {
 const perRowMax = 4
 
 // run is a transaction of reqs with l's clock and settings.
-func (l *Limiter) run(reqs []*request, skip bool) *txRun {
-	return &txRun{reqs: reqs, clock: l.now(), skip: skip, lockTimeout: l.cfg.LockTimeout, async: l.cfg.AsyncCommit}
+func (l *Limiter) run(ctx context.Context, reqs []*request, skip bool) *txRun {
+	return &txRun{reqs: reqs, clock: l.now(), skip: skip, lockTimeout: l.cfg.LockTimeout, async: l.cfg.AsyncCommit,
+		perRow: l.shared.distributed(ctx, l.pool)}
 }
 
 // settings are the set_config pairs run right after BEGIN.

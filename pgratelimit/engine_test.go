@@ -112,7 +112,7 @@ func TestCancelledMemberSpendsNothing(t *testing.T) {
 		return q
 	}
 	reqs := []*request{mk(ctx, "k", 1), mk(dead, "k", 50), mk(dead, "new", 1), mk(ctx, "k", 2)}
-	if _, err := runOwn(ctx, pool, l.run(reqs, true)); err != nil {
+	if _, err := runOwn(ctx, pool, l.run(ctx, reqs, true)); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(reqs[1].err, context.Canceled) || !errors.Is(reqs[2].err, context.Canceled) || reqs[0].err != nil || reqs[3].err != nil {

@@ -207,6 +207,7 @@ type Limiter struct {
 	p       policy
 	log     *slog.Logger
 	co      *coalescer // the pool's; nil when Config.DisableCoalescing
+	shared  *poolState
 	metrics *instruments
 }
 
@@ -232,12 +233,16 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		log:     log,
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 	}
+	conns := 0
 	if !cfg.DisableCoalescing {
-		conns := cfg.CoalesceConns
+		conns = cfg.CoalesceConns
 		if conns == 0 {
 			conns = defaultCoalesceConns
 		}
-		l.co = coalescerFor(pool, conns)
+	}
+	l.shared = poolStateFor(pool, conns)
+	if !cfg.DisableCoalescing {
+		l.co = l.shared.co
 	}
 	return l, nil
 }
@@ -295,7 +300,7 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	q := &request{ctx: ctx, give: true, charges: []charge{{row: l.row(key), policy: l.p, cost: n}}}
-	if _, err := runOwn(ctx, l.pool, l.run([]*request{q}, false)); err != nil {
+	if _, err := runOwn(ctx, l.pool, l.run(ctx, []*request{q}, false)); err != nil {
 		return Result{}, dbError("refund "+quoteKey(key), err)
 	}
 	if err := ctxErrIfUndecided(q); err != nil {

@@ -67,7 +67,8 @@ func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	t := &txRun{reqs: []*request{q}, clock: first.now()}
+	// In the caller's transaction: its isolation, its lock_timeout.
+	t := first.run(ctx, []*request{q}, false)
 	if _, err := t.exec(ctx, ex, false); err != nil {
 		q.err = dbError(what, err)
 	}

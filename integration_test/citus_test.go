@@ -1,0 +1,226 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgratelimit/pgratelimit/migrations"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+// CitusEnvVar names the variable holding the URL of a Citus coordinator's
+// database, with workers added. The tests create (and drop) schemas of their
+// own there, with the bucket tables distributed by key.
+const citusEnvVar = "PGRATELIMIT_TEST_CITUS_URL"
+
+// citusPool is a pool on a fresh schema of the Citus cluster, migrated and
+// distributed.
+func citusPool(t *testing.T, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	url := os.Getenv(citusEnvVar)
+	if url == "" {
+		t.Skipf("no Citus cluster: set %s to a coordinator's URL (Citus is not in Debian's packages; "+
+			"README, Testing, says how to build one and start a coordinator and two workers)", citusEnvVar)
+	}
+	ctx := context.Background()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	schema := "citus_test_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "CREATE SCHEMA "+schema)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), url)
+		if err != nil {
+			t.Errorf("dropping %s: %v", schema, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("dropping %s: %v", schema, err)
+		}
+	})
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	db := stdlib.OpenDB(*cfg.ConnConfig)
+	defer db.Close()
+	require.NoError(t, migrations.Up(ctx, db))
+	require.NoError(t, migrations.Distribute(ctx, db))
+	require.NoError(t, migrations.Distribute(ctx, db), "distributing again is a no-op")
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_dist_partition WHERE logicalrelid IN ('pgratelimit_buckets'::regclass, 'pgratelimit_ephemeral_buckets'::regclass)`).Scan(&n))
+	require.Equal(t, 2, n)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Distribute on a plain PostgreSQL says that Citus is missing.
+func TestDistributeWithoutCitus(t *testing.T) {
+	t.Parallel()
+	s := newSchemaPools(t, 1)[0]
+	err := migrations.Distribute(context.Background(), stdlib.OpenDBFromPool(s))
+	require.ErrorIs(t, err, migrations.ErrNoCitus)
+}
+
+// 16 concurrent checks of capacity 5 on one key allow exactly 5, in both
+// modes and both storages, on Citus; and many keys are exact too.
+func TestCitusExact(t *testing.T) {
+	t.Parallel()
+	for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+		for _, perCheck := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/per-check=%v", storage, perCheck), func(t *testing.T) {
+				pool := citusPool(t, 32)
+				ctx := context.Background()
+				l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "c", Capacity: 5, Refill: 1, Interval: time.Hour, Storage: storage, DisableCoalescing: perCheck})
+				require.NoError(t, err)
+				for trial := range 5 {
+					key := fmt.Sprintf("hot-%d", trial)
+					var allowed atomic.Int64
+					var wg sync.WaitGroup
+					for range 16 {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							r, err := l.Allow(ctx, key)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if r.Allowed {
+								allowed.Add(1)
+							}
+						}()
+					}
+					wg.Wait()
+					require.Equal(t, int64(5), allowed.Load(), "trial %d", trial)
+				}
+
+				// Many keys: 400 checks over 20 keys of capacity 5.
+				var allowed atomic.Int64
+				var wg sync.WaitGroup
+				for w := range 16 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range 25 {
+							r, err := l.Allow(ctx, fmt.Sprintf("k%d", (w*25+i)%20))
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if r.Allowed {
+								allowed.Add(1)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				require.Equal(t, int64(100), allowed.Load())
+			})
+		}
+	}
+}
+
+// AllowAll across shards and storages is exact and never deadlocks, in the
+// limiter's transaction and in the caller's.
+func TestCitusAllowAll(t *testing.T) {
+	t.Parallel()
+	pool := citusPool(t, 32)
+	ctx := context.Background()
+	user, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "user", Capacity: 30, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	org, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "org", Capacity: 100, Refill: 1, Interval: time.Hour, Storage: pgratelimit.Ephemeral})
+	require.NoError(t, err)
+	var spent atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 5 {
+				cs := []pgratelimit.Charge{{Limiter: user, Key: "u1", Cost: 1}, {Limiter: org, Key: "o1", Cost: 1}}
+				if (w+i)%2 == 1 {
+					cs[0], cs[1] = cs[1], cs[0]
+				}
+				m, err := pgratelimit.AllowAll(ctx, cs...)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if m.Allowed {
+					spent.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(30), spent.Load())
+	o, err := org.Peek(ctx, "o1")
+	require.NoError(t, err)
+	require.Equal(t, int64(70), o.Remaining)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	m, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Limiter: org, Key: "o2", Cost: 10}, pgratelimit.Charge{Limiter: user, Key: "u2", Cost: 10})
+	require.NoError(t, err)
+	require.True(t, m.Allowed)
+	require.NoError(t, tx.Rollback(ctx))
+	u, err := user.Peek(ctx, "u2")
+	require.NoError(t, err)
+	require.Equal(t, int64(30), u.Remaining, "rollback spends nothing")
+}
+
+// Cleanup on Citus deletes every expired row and nothing else, through
+// DeleteExpired and the Cleaner.
+func TestCitusCleanup(t *testing.T) {
+	t.Parallel()
+	pool := citusPool(t, 8)
+	ctx := context.Background()
+	clock := newClock()
+	for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+		l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "c" + storage.String(), Capacity: 10, Refill: 1, Interval: time.Second, Storage: storage, Clock: clock.Now})
+		require.NoError(t, err)
+		for i := range 300 {
+			_, err := l.AllowN(ctx, fmt.Sprintf("short-%d", i), 1) // full again after 1s: expires at the next minute
+			require.NoError(t, err)
+		}
+		long, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "l" + storage.String(), Capacity: 10, Refill: 1, Interval: time.Hour, Storage: storage, Clock: clock.Now})
+		require.NoError(t, err)
+		for i := range 50 {
+			_, err := long.AllowN(ctx, fmt.Sprintf("long-%d", i), 1)
+			require.NoError(t, err)
+		}
+	}
+	clock.Add(5 * time.Minute)
+	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 7})
+	require.NoError(t, err)
+	require.Equal(t, int64(600), n)
+	require.Equal(t, int64(100), countRows(t, pool, "true"), "the live rows stay")
+
+	clock.Add(2 * time.Hour)
+	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{Clock: clock.Now})
+	require.NoError(t, err)
+	st := c.RunOnce(ctx)
+	require.NoError(t, st.Err)
+	require.Equal(t, int64(100), st.Deleted)
+	require.Zero(t, countRows(t, pool, "true"))
+}
