@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"database/sql"
 	"fmt"
 	"io"
@@ -59,7 +60,7 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"migrate", "up|down|status", "apply, roll back (one step) or list the schema migrations", runMigrate, 5 * time.Minute, ""},
+		{"migrate", "up|down|status|distribute", "apply, roll back (one step) or list the schema migrations; distribute the tables by key on Citus (after up)", runMigrate, 5 * time.Minute, ""},
 		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied)", runAllow, 10 * time.Second, ""},
 		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, ""},
 		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, ""},
@@ -324,8 +325,8 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	action := pos[0]
-	if action != "up" && action != "down" && action != "status" {
-		return f.fail(usagef("unknown action %q: want up, down or status", action))
+	if action != "up" && action != "down" && action != "status" && action != "distribute" {
+		return f.fail(usagef("unknown action %q: want up, down, status or distribute", action))
 	}
 	cfg, err := f.connConfig()
 	if err != nil {
@@ -346,6 +347,15 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 		say = c.stderr
 	}
 	switch action {
+	case "distribute":
+		if err := migrations.Distribute(ctx, db); err != nil {
+			if errors.Is(err, migrations.ErrNoCitus) {
+				return f.fail(errors.New("the citus extension is not installed in this database: run CREATE EXTENSION citus on the coordinator (and add the workers) first"))
+			}
+			return f.fail(err)
+		}
+		fmt.Fprintf(c.stdout, "distributed by key: %s, %s\n", pgratelimit.DurableTable, pgratelimit.EphemeralTable)
+		return exitOK
 	case "up":
 		if err := migrations.Up(ctx, db); err != nil {
 			return f.fail(err)

@@ -455,3 +455,12 @@ func TestDemoInterrupt(t *testing.T) {
 	require.NoError(t, cmd.Wait(), "exit status 0")
 	require.Equal(t, "Stopping.", lines[len(lines)-1])
 }
+
+// migrate distribute needs Citus, and says so on a plain PostgreSQL.
+func TestMigrateDistributeWithoutCitus(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewSchema(t).URL(t)
+	code, _, stderr := pgrl(url, "migrate", "distribute")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "citus extension is not installed")
+}
