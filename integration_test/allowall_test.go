@@ -120,26 +120,23 @@ func TestAllowAllOppositeOrdersNoDeadlock(t *testing.T) {
 			for i := range 10 {
 				var err error
 				var ok bool
-				switch (w + i) % 3 {
-				case 0:
-					var m pgratelimit.MultiResult
-					m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: ls[0], Key: "x", Cost: 1}, pgratelimit.Charge{Limiter: ls[1], Key: "y", Cost: 1})
-					if ok = m.Allowed; ok {
-						spentA.Add(1)
-						spentB.Add(1)
-					}
-				case 1:
-					var m pgratelimit.MultiResult
-					m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: ls[1], Key: "y", Cost: 1}, pgratelimit.Charge{Limiter: ls[0], Key: "x", Cost: 1})
-					if ok = m.Allowed; ok {
-						spentA.Add(1)
-						spentB.Add(1)
-					}
-				case 2:
+				x := pgratelimit.Charge{Limiter: ls[0], Key: "x", Cost: 1}
+				y := pgratelimit.Charge{Limiter: ls[1], Key: "y", Cost: 1}
+				if (w+i)%3 == 2 { // AllowN of one of the two
 					var r pgratelimit.Result
 					r, err = ls[w%2].AllowN(ctx, []string{"x", "y"}[w%2], 1)
 					if ok = r.Allowed; ok {
 						[]*atomic.Int64{&spentA, &spentB}[w%2].Add(1)
+					}
+				} else {
+					if (w+i)%3 == 1 {
+						x, y = y, x // the opposite order
+					}
+					var m pgratelimit.MultiResult
+					m, err = pgratelimit.AllowAll(ctx, x, y)
+					if ok = m.Allowed; ok {
+						spentA.Add(1)
+						spentB.Add(1)
 					}
 				}
 				if err != nil {

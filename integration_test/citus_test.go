@@ -89,52 +89,17 @@ func TestCitusExact(t *testing.T) {
 		for _, perCheck := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/per-check=%v", storage, perCheck), func(t *testing.T) {
 				pool := citusPool(t, 32)
-				ctx := context.Background()
 				l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "c", Capacity: 5, Refill: 1, Interval: time.Hour, Storage: storage, DisableCoalescing: perCheck})
 				require.NoError(t, err)
 				for trial := range 5 {
 					key := fmt.Sprintf("hot-%d", trial)
-					var allowed atomic.Int64
-					var wg sync.WaitGroup
-					for range 16 {
-						wg.Add(1)
-						go func() {
-							defer wg.Done()
-							r, err := l.Allow(ctx, key)
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							if r.Allowed {
-								allowed.Add(1)
-							}
-						}()
-					}
-					wg.Wait()
-					require.Equal(t, int64(5), allowed.Load(), "trial %d", trial)
+					allowed := concurrently(t, 16, 1, func(int, int) string { return key }, l)
+					require.Equal(t, int64(5), allowed, "trial %d", trial)
 				}
 
 				// Many keys: 400 checks over 20 keys of capacity 5.
-				var allowed atomic.Int64
-				var wg sync.WaitGroup
-				for w := range 16 {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						for i := range 25 {
-							r, err := l.Allow(ctx, fmt.Sprintf("k%d", (w*25+i)%20))
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							if r.Allowed {
-								allowed.Add(1)
-							}
-						}
-					}()
-				}
-				wg.Wait()
-				require.Equal(t, int64(100), allowed.Load())
+				allowed := concurrently(t, 16, 25, func(w, i int) string { return fmt.Sprintf("k%d", (w*25+i)%20) }, l)
+				require.Equal(t, int64(100), allowed)
 			})
 		}
 	}
@@ -223,4 +188,29 @@ func TestCitusCleanup(t *testing.T) {
 	require.NoError(t, st.Err)
 	require.Equal(t, int64(100), st.Deleted)
 	require.Zero(t, countRows(t, pool, "true"))
+}
+
+// concurrently runs workers goroutines of n checks each, of the keys key(w,
+// i), and returns how many were allowed.
+func concurrently(t *testing.T, workers, n int, key func(w, i int) string, l *pgratelimit.Limiter) int64 {
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range n {
+				r, err := l.Allow(context.Background(), key(w, i))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if r.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return allowed.Load()
 }

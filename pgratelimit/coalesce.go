@@ -163,15 +163,7 @@ func (c *coalescer) markInflight(rows []row, d int) {
 // the decided checks' outcomes, parks the others, and starts the next
 // batches.
 func (c *coalescer) runBatch(batch []*pending) {
-	ctx, cancel := batchContext(batch)
-	lim := batch[0].lim
-	reqs := make([]*request, len(batch))
-	for i, p := range batch {
-		reqs[i] = p.req
-	}
-	deferred, err := runOwn(ctx, lim.pool, lim.run(ctx, reqs, true))
-	cancel()
-	lim.metrics.batchSize(ctx, len(batch))
+	deferred, err := runTogether(batch, true)
 
 	c.mu.Lock()
 	for _, p := range batch {
@@ -277,16 +269,8 @@ func (c *coalescer) runLane(ln *lane) {
 	batch := ln.reqs
 	c.mu.Unlock()
 
-	ctx, cancel := batchContext(batch)
-	lim := batch[0].lim
-	reqs := make([]*request, len(batch))
-	for i, p := range batch {
-		reqs[i] = p.req
-	}
-	_, err := runOwn(ctx, lim.pool, lim.run(ctx, reqs, false))
-	cancel()
+	_, err := runTogether(batch, false)
 	<-c.lanes
-	lim.metrics.batchSize(ctx, len(batch))
 
 	c.mu.Lock()
 	for _, r := range ln.rows {
@@ -304,10 +288,42 @@ func (c *coalescer) runLane(ln *lane) {
 	close(ln.done)
 }
 
+// runTogether runs batch in one transaction of its own, with the first
+// check's limiter's clock and settings, and records its size.
+func runTogether(batch []*pending, skip bool) (deferred []*request, err error) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	lim := batch[0].lim
+	reqs := make([]*request, len(batch))
+	for i, p := range batch {
+		reqs[i] = p.req
+	}
+	deferred, err = runOwn(ctx, lim.pool, lim.run(ctx, reqs, skip))
+	lim.metrics.batchSize(ctx, len(batch))
+	return deferred, err
+}
+
 // batchContext is the context a transaction of several checks runs in: it
 // ends when every member's context has ended (the others still want their
-// answers until then).
+// answers until then). When every member has a deadline that is simply the
+// latest of them; otherwise it follows the members' contexts.
 func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, p := range batch {
+		dl, ok := p.req.ctx.Deadline()
+		if !ok {
+			return followAll(batch)
+		}
+		if dl.After(latest) {
+			latest = dl
+		}
+	}
+	return context.WithDeadline(context.Background(), latest)
+}
+
+// followAll is a context that is cancelled when every member's context has
+// ended.
+func followAll(batch []*pending) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var left atomic.Int64
 	left.Store(int64(len(batch)))

@@ -3,6 +3,7 @@ package pgratelimit
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -305,10 +306,7 @@ func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*re
 
 	// Decide in order. A request that needs a row this transaction does not
 	// hold waits, and so does every later request sharing a row with it.
-	orig := make(map[row]bucket, len(stored))
-	for r, b := range stored {
-		orig[r] = b
-	}
+	orig := maps.Clone(stored)
 	blocked := missing
 	for _, q := range t.reqs {
 		if err := q.ctx.Err(); err != nil {

@@ -106,47 +106,46 @@ FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 // textArray encodes n elements as a PostgreSQL array literal, each element
 // double-quoted (keys may hold any character but NUL).
 func textArray(n int, elem func(i int) string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
+	return array(n, func(b []byte, i int) []byte {
 		s := elem(i)
-		b.WriteByte('"')
+		b = append(b, '"')
 		for j := 0; j < len(s); j++ { // '"' and '\\' never occur inside a UTF-8 sequence
 			if s[j] == '"' || s[j] == '\\' {
-				b.WriteByte('\\')
+				b = append(b, '\\')
 			}
-			b.WriteByte(s[j])
+			b = append(b, s[j])
 		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
+		return append(b, '"')
+	})
 }
 
 func int64Array(n int, elem func(i int) int64) string {
-	var b strings.Builder
-	b.WriteByte('{')
+	return array(n, func(b []byte, i int) []byte { return strconv.AppendInt(b, elem(i), 10) })
+}
+
+// timeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
+func timeArray(n int, elem func(i int) time.Time) string {
+	return array(n, func(b []byte, i int) []byte {
+		b = append(b, '"')
+		b = elem(i).UTC().Truncate(time.Microsecond).AppendFormat(b, "2006-01-02 15:04:05.999999Z07:00")
+		return append(b, '"')
+	})
+}
+
+// array encodes n elements, each appended by elem, as an array literal.
+func array(n int, elem func(b []byte, i int) []byte) string {
+	b := make([]byte, 0, 2+n*24)
+	b = append(b, '{')
 	for i := range n {
 		if i > 0 {
-			b.WriteByte(',')
+			b = append(b, ',')
 		}
-		b.WriteString(strconv.FormatInt(elem(i), 10))
+		b = elem(b, i)
 	}
-	b.WriteByte('}')
-	return b.String()
+	return string(append(b, '}'))
 }
 
 // interval encodes a duration as PostgreSQL interval input, in microseconds.
 func interval(d time.Duration) string {
 	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
-}
-
-// timeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
-func timeArray(n int, elem func(i int) time.Time) string {
-	return textArray(n, func(i int) string {
-		return elem(i).UTC().Truncate(time.Microsecond).Format("2006-01-02 15:04:05.999999Z07:00")
-	})
 }

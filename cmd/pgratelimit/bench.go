@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -39,6 +41,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	conns := f.Int("conns", 0, "pool connections (default: --concurrency, at most 200)")
 	coalesceConns := f.Int("coalesce-conns", 0, "Config.CoalesceConns (default: the library's)")
 	limits := f.Int("limits", 1, "limits charged per check: 1, or 2 (the policy above, and one per day of the same capacity, in one AllowAll)")
+	cpuProfile := f.String("cpuprofile", "", "write this process's CPU profile of the run to FILE (go tool pprof)")
 	citus := f.Bool("citus", false, "distribute the scratch tables by key (Citus; also done when the citus extension is installed)")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
@@ -67,7 +70,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile})
 	if err != nil {
 		return f.fail(err)
 	}
@@ -103,6 +106,7 @@ type benchRun struct {
 	duration                  time.Duration
 	cost                      int64
 	citus                     bool
+	cpuProfile                string
 }
 
 type benchReport struct {
@@ -194,6 +198,19 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 			m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}, pgratelimit.Charge{Limiter: day, Key: key, Cost: cost})
 			return m.Allowed, err
 		}
+	}
+	if run.cpuProfile != "" {
+		pf, err := os.Create(run.cpuProfile)
+		if err != nil {
+			pool.Close()
+			return rep, err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			pool.Close()
+			return rep, err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	server := serverCPU(ctx, pool)
 	client := clientCPU()
