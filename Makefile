@@ -4,10 +4,11 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 FUZZTIME ?= 200000x
 FUZZLONG ?= 5m
-# The repository's modules: the library (.), the CLI and the integration
-# tests, each with its own go.mod so that the library's stays lean; go.work
+# The repository's modules: the library (.), the CLI, the integration
+# tests and the peer benchmark, each with its own go.mod so that the
+# library's stays lean; go.work
 # ties them together for development.
-MODULES := . cmd/pgratelimit integration_test
+MODULES := . cmd/pgratelimit integration_test bench
 
 .DEFAULT_GOAL := help
 
@@ -31,7 +32,7 @@ lint: ## gofmt, go vet, staticcheck, go mod tidy (changes nothing), and the libr
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	@set -e; for m in $(MODULES); do echo "== vet, staticcheck, tidy: $$m"; \
 	  (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && \
-	   cp go.mod go.sum "$$(mktemp -d)" && GOWORK=off $(GO) mod tidy && \
+	   GOWORK=off $(GO) mod tidy && \
 	   git diff --exit-code -- go.mod go.sum || { echo "go mod tidy changed $$m/go.mod or go.sum"; exit 1; }); done
 	@.ci/check-lean
 
