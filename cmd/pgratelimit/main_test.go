@@ -135,7 +135,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"refund", "k", "x"}, `N, the tokens to give back, must be a whole number, got "x"`},
 		{[]string{"refund", "k"}, "missing N"},
 		{[]string{"cleanup", "now"}, `unexpected argument "now"`},
-		{[]string{"migrate", "sideways"}, `unknown action "sideways": want up, down or status`},
+		{[]string{"migrate", "sideways"}, `unknown action "sideways": want up, down, status or distribute`},
 		{[]string{"bench", "--mode", "turbo"}, "--mode must be"},
 	} {
 		// The URL points nowhere: none of these may reach a database.
