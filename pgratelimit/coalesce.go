@@ -121,6 +121,9 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 	}
 	select {
 	case <-p.done:
+		if q.err != nil && q.ctx.Err() != nil {
+			return MultiResult{}, q.ctx.Err() // the caller's own deadline, not the batch's
+		}
 		return q.out, q.err
 	case <-q.ctx.Done():
 		c.mu.Lock()
@@ -305,8 +308,9 @@ func runTogether(batch []*pending, skip bool) (deferred []*request, err error) {
 
 // batchContext is the context a transaction of several checks runs in: it
 // ends when every member's context has ended (the others still want their
-// answers until then). When every member has a deadline that is simply the
-// latest of them; otherwise it follows the members' contexts.
+// answers until then). When every member has a deadline that is the latest
+// of them, plus a moment so that callers see their own context end first;
+// otherwise it follows the members' contexts.
 func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, p := range batch {
@@ -318,8 +322,12 @@ func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 			latest = dl
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	return context.WithDeadline(context.Background(), latest.Add(deadlineGrace))
 }
+
+// deadlineGrace is how long a transaction of checks outlives the latest of
+// its members' deadlines.
+const deadlineGrace = 50 * time.Millisecond
 
 // followAll is a context that is cancelled when every member's context has
 // ended.

@@ -41,6 +41,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	conns := f.Int("conns", 0, "pool connections (default: --concurrency, at most 200)")
 	coalesceConns := f.Int("coalesce-conns", 0, "Config.CoalesceConns (default: the library's)")
 	limits := f.Int("limits", 1, "limits charged per check: 1, or 2 (the policy above, and one per day of the same capacity, in one AllowAll)")
+	hold := f.Bool("hold", false, "hold one other key's row in an open transaction for the run, with 4 checks waiting on it (a slow request that charges credits)")
 	cpuProfile := f.String("cpuprofile", "", "write this process's CPU profile of the run to FILE (go tool pprof)")
 	citus := f.Bool("citus", false, "distribute the scratch tables by key (Citus; also done when the citus extension is installed)")
 	if _, err := f.parse(args, 0, 0); err != nil {
@@ -70,7 +71,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold})
 	if err != nil {
 		return f.fail(err)
 	}
@@ -105,7 +106,7 @@ type benchRun struct {
 	conc, keys, conns, limits int
 	duration                  time.Duration
 	cost                      int64
-	citus                     bool
+	citus, hold               bool
 	cpuProfile                string
 }
 
@@ -229,6 +230,29 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 	runCtx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	var wg sync.WaitGroup
+	if run.hold {
+		// A transaction that took a token of "held" and stays open for the
+		// run, and checks of that key that wait for it (each up to 1s).
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return rep, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := l.AllowNTx(ctx, tx, "held", 1); err != nil {
+			return rep, err
+		}
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for runCtx.Err() == nil {
+					c, cancel := context.WithTimeout(runCtx, time.Second)
+					_, _ = l.AllowN(c, "held", 1)
+					cancel()
+				}
+			}()
+		}
+	}
 	for w := range run.conc {
 		wg.Add(1)
 		go func() {
