@@ -82,6 +82,7 @@ func TestLockTimeoutOnHeldRow(t *testing.T) {
 	require.NoError(t, err)
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }() // on a failure too: the schema's DROP would wait for it
 	_, err = l.AllowNTx(ctx, tx, "locked", 1)
 	require.NoError(t, err)
 	_, err = l.AllowN(ctx, "locked", 1)

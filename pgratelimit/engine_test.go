@@ -175,3 +175,16 @@ func TestTextArrays(t *testing.T) {
 		t.Fatalf("got %s, want %s", got, want)
 	}
 }
+
+func TestIntervalInput(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                       "0 hours 0.000000 seconds",
+		1500 * time.Microsecond: "0 hours 0.001500 seconds",
+		time.Hour + 2*time.Second + time.Microsecond: "1 hours 2.000001 seconds",
+		time.Duration(1<<63 - 1):                     "2562047 hours 2836.854775 seconds",
+	} {
+		if got := interval(d); got != want {
+			t.Errorf("interval(%s) = %q, want %q", d, got, want)
+		}
+	}
+}

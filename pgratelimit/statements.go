@@ -1,6 +1,7 @@
 package pgratelimit
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -145,7 +146,12 @@ func array(n int, elem func(b []byte, i int) []byte) string {
 	return string(append(b, '}'))
 }
 
-// interval encodes a duration as PostgreSQL interval input, in microseconds.
+// interval encodes a duration as PostgreSQL interval input, in hours and
+// seconds: PostgreSQL 14 reads each field of interval input as a 32-bit
+// integer, so "3600000000 microseconds" (an hour) is out of range there,
+// while a Duration's ~2.56 million hours fit.
 func interval(d time.Duration) string {
-	return strconv.FormatInt(d.Microseconds(), 10) + " microseconds"
+	us := d.Microseconds()
+	h, rest := us/3_600_000_000, us%3_600_000_000
+	return fmt.Sprintf("%d hours %d.%06d seconds", h, rest/1_000_000, rest%1_000_000)
 }
