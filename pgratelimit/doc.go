@@ -33,17 +33,36 @@
 // makes them exact. No session state is used (no SET, PREPARE or session
 // advisory locks), so it works behind PgBouncer in transaction mode.
 //
-// AllowNTx runs the same statements inside the caller's transaction, so
-// tokens are spent only if the caller's own write commits.
+// AllowNTx (pgx) and AllowNSQLTx (database/sql, any driver) run the same
+// statements inside the caller's transaction, so tokens are spent only if the
+// caller's own write commits.
+//
+// # Several limits at once
+//
+// AllowAll charges several buckets (any limiters of one pool, any keys) in
+// one transaction, all or nothing: "10 per second and 1000 per day", or a
+// user's and an organization's credits. Rows are locked in one global order,
+// so no order of charges can deadlock. AllowAllTx and AllowAllSQLTx do it in
+// the caller's transaction. Limiters that share a Prefix share buckets, also
+// with different policies: that is how per-customer plans work.
 //
 // # Coalescing
 //
-// By default, checks that arrive through one Limiter while its transactions
-// are busy wait and are then decided together in one transaction of the same
-// shape: the distinct keys inserted and locked in key order, every check
-// decided in Go in arrival order, one UPDATE. Results are exactly those of
-// the checks run one by one in that order; throughput rises several times,
-// most on hot keys. See Config.DisableCoalescing and Config.CoalesceConns.
+// By default, checks that arrive through the limiters of one pool while its
+// transactions are busy wait and are then decided together in one
+// transaction of the same shape: the distinct rows inserted and locked in
+// order, every check decided in Go in arrival order, one UPDATE. Results
+// are exactly those of the checks run one by one in that order; throughput
+// rises several times, most on hot keys. A batch never waits for a row that
+// another transaction holds: it skips it (SKIP LOCKED), and that row's
+// checks wait for it alone. See Config.DisableCoalescing and
+// Config.CoalesceConns.
+//
+// # Metrics
+//
+// Config.MeterProvider (default: the global OpenTelemetry one) receives
+// pgratelimit.checks, pgratelimit.check.duration and pgratelimit.batch.size;
+// cleanup reports pgratelimit.cleanup.deleted.
 //
 // # Time
 //
@@ -64,4 +83,6 @@
 // The tables come from the goose migrations in package migrations. A Limiter
 // with Storage Durable uses a logged table (right for credits); Ephemeral uses
 // an UNLOGGED one (faster; emptied after a crash, so right for request rates).
+// On Citus, distribute them by key (migrations.Distribute): limiters find
+// out at first use and send statements that each route to one shard.
 package pgratelimit
