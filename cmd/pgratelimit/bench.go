@@ -237,7 +237,8 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 		if err != nil {
 			return rep, err
 		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		// Ended when the run is (the pool cannot close while it is open).
+		context.AfterFunc(runCtx, func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
 		if _, err := l.AllowNTx(ctx, tx, "held", 1); err != nil {
 			return rep, err
 		}
