@@ -104,7 +104,13 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 			return runAlone(p)
 		}
 		c.queue = append(c.queue, p)
+		// The queue may hold only checks whose rows are in a batch in
+		// flight: with a slot free, p need not wait for that batch.
+		next := c.formBatches()
 		c.mu.Unlock()
+		for _, b := range next {
+			go c.runBatch(b)
+		}
 	case c.anyParked(p.rows):
 		c.park(p)
 		c.mu.Unlock()

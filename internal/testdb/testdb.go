@@ -123,8 +123,18 @@ func NewSchema(t testing.TB) *Schema {
 	if err := migrations.Up(context.Background(), db); err != nil {
 		t.Fatalf("migrating schema %s: %v", s.Name, err)
 	}
+	if os.Getenv(DistributeEnvVar) != "" {
+		if err := migrations.Distribute(context.Background(), db); err != nil {
+			t.Fatalf("distributing schema %s: %v", s.Name, err)
+		}
+	}
 	return s
 }
+
+// DistributeEnvVar, when set, makes NewSchema distribute the tables by key
+// (Citus): with EnvVar pointing at a Citus coordinator, the suite then runs
+// on distributed tables.
+const DistributeEnvVar = "PGRATELIMIT_TEST_DISTRIBUTE"
 
 // NewEmptySchema creates a schema of the test's own without the tables.
 func NewEmptySchema(t testing.TB) *Schema {
