@@ -76,6 +76,7 @@ func citusPool(t *testing.T, maxConns int32) *pgxpool.Pool {
 // Distribute on a plain PostgreSQL says that Citus is missing.
 func TestDistributeWithoutCitus(t *testing.T) {
 	t.Parallel()
+	skipOnDistributed(t, "the suite's database is a Citus coordinator")
 	s := newSchemaPools(t, 1)[0]
 	err := migrations.Distribute(context.Background(), stdlib.OpenDBFromPool(s))
 	require.ErrorIs(t, err, migrations.ErrNoCitus)

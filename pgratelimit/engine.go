@@ -167,7 +167,8 @@ func (l *Limiter) run(ctx context.Context, reqs []*request, skip bool) *txRun {
 		perRow: l.shared.distributed(ctx, l.pool)}
 }
 
-// settings are the set_config pairs run right after BEGIN.
+// settings are the setting pairs set right after BEGIN: names and values
+// of our own making, never the caller's.
 func (t *txRun) settings(arrays bool) []any {
 	var s []any
 	if arrays {
@@ -236,7 +237,16 @@ func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*re
 	var stmts []stmt
 	if own {
 		stmts = append(stmts, stmt{sql: "BEGIN"})
-		if set := t.settings(!perRow); len(set) > 0 {
+		switch set := t.settings(!perRow); {
+		case len(set) == 0:
+		case t.perRow:
+			// Distributed tables: SET LOCAL commands, which Citus passes on
+			// to the workers (where the row locks are) when told to.
+			stmts = append(stmts, stmt{sql: "SET LOCAL citus.propagate_set_commands = 'local'"})
+			for i := 0; i < len(set); i += 2 {
+				stmts = append(stmts, stmt{sql: "SET LOCAL " + set[i].(string) + " = '" + set[i+1].(string) + "'"})
+			}
+		default:
 			stmts = append(stmts, stmt{sql: setConfigSQL(len(set) / 2), args: set})
 		}
 	}
