@@ -138,7 +138,7 @@ func TestQueuedCallerLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	co := l.co
+	co := l.shared.co
 	co.mu.Lock()
 	co.busy = co.slots // hold every slot so checks queue
 	co.mu.Unlock()

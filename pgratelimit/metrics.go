@@ -44,14 +44,15 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 }
 
 func (in *instruments) batchSize(ctx context.Context, n int) {
-	in.batch.Record(context.WithoutCancel(ctx), int64(n))
+	in.batch.Record(ctx, int64(n))
 }
 
 // record counts a finished call: one check per charge, each recorded by its
 // own limiter.
+// (A context that has ended does not stop a measurement: the API records
+// regardless of it.)
 func record(ctx context.Context, start time.Time, m MultiResult, err error, charges []Charge) {
 	secs := time.Since(start).Seconds()
-	ctx = context.WithoutCancel(ctx)
 	for _, c := range charges {
 		in := c.Limiter.metrics
 		attrs := in.errored
@@ -71,7 +72,6 @@ func record(ctx context.Context, start time.Time, m MultiResult, err error, char
 // charge that has a limiter.
 func recordInvalid(ctx context.Context, start time.Time, charges []Charge) {
 	secs := time.Since(start).Seconds()
-	ctx = context.WithoutCancel(ctx)
 	for _, c := range charges {
 		if in := c.Limiter; in != nil {
 			in.metrics.checks.Add(ctx, 1, in.metrics.errored)

@@ -70,11 +70,11 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 // coalesces.
 func coalescerOf(charges []Charge) *coalescer {
 	for _, c := range charges {
-		if c.Limiter.co == nil {
+		if c.Limiter.cfg.DisableCoalescing {
 			return nil
 		}
 	}
-	return charges[0].Limiter.co
+	return charges[0].Limiter.shared.co
 }
 
 // newRequest validates charges, before any database access, and merges the

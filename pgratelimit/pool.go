@@ -16,8 +16,8 @@ type poolState struct {
 	maxConns int
 	co       *coalescer
 	// dist is 0 until known, then 1 for plain tables, 2 for distributed.
-	dist atomic.Int32
-	once sync.Mutex // one detection at a time
+	dist      atomic.Int32
+	detecting sync.Mutex // one detection at a time
 }
 
 // The state of each pool; an entry goes when its pool is garbage collected.
@@ -64,8 +64,8 @@ func (ps *poolState) distributed(ctx context.Context, pool *pgxpool.Pool) bool {
 	if d := ps.dist.Load(); d != 0 {
 		return d == 2
 	}
-	ps.once.Lock()
-	defer ps.once.Unlock()
+	ps.detecting.Lock()
+	defer ps.detecting.Unlock()
 	if d := ps.dist.Load(); d != 0 {
 		return d == 2
 	}

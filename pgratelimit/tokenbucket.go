@@ -206,8 +206,7 @@ type Limiter struct {
 	cfg     Config
 	p       policy
 	log     *slog.Logger
-	co      *coalescer // the pool's; nil when Config.DisableCoalescing
-	shared  *poolState
+	shared  *poolState // what the pool's limiters share: the coalescer, Citus or not
 	metrics *instruments
 }
 
@@ -241,9 +240,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		}
 	}
 	l.shared = poolStateFor(pool, conns)
-	if !cfg.DisableCoalescing {
-		l.co = l.shared.co
-	}
 	return l, nil
 }
 
