@@ -106,7 +106,10 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 		c.queue = append(c.queue, p)
 		// The queue may hold only checks whose rows are in a batch in
 		// flight: with a slot free, p need not wait for that batch.
-		next := c.formBatches()
+		var next [][]*pending
+		if c.busy < c.slots && !c.anyInflight(p.rows) {
+			next = c.formBatches()
+		}
 		c.mu.Unlock()
 		for _, b := range next {
 			go c.runBatch(b)
