@@ -112,7 +112,7 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 		}
 		c.mu.Unlock()
 		for _, b := range next {
-			go c.runBatch(b)
+			go c.work(b)
 		}
 	case c.anyParked(p.rows):
 		c.park(p)
@@ -123,7 +123,9 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 		c.busy++
 		c.markInflight(p.rows, 1)
 		c.mu.Unlock()
-		c.runBatch([]*pending{p})
+		for _, b := range c.runBatch([]*pending{p}) {
+			go c.work(b)
+		}
 	default:
 		c.queue = append(c.queue, p)
 		c.mu.Unlock()
@@ -171,10 +173,27 @@ func (c *coalescer) markInflight(rows []row, d int) {
 	}
 }
 
+// work runs batch, then the batches that follow it while there are any; it
+// starts goroutines only for batches beyond the first (a goroutine that runs
+// batch after batch keeps the stack the engine needs).
+func (c *coalescer) work(batch []*pending) {
+	for batch != nil {
+		next := c.runBatch(batch)
+		batch = nil
+		for i, b := range next {
+			if i == 0 {
+				batch = b
+			} else {
+				go c.work(b)
+			}
+		}
+	}
+}
+
 // runBatch decides batch in one transaction that skips locked rows, delivers
-// the decided checks' outcomes, parks the others, and starts the next
-// batches.
-func (c *coalescer) runBatch(batch []*pending) {
+// the decided checks' outcomes, parks the others, and returns the batches
+// that may start now.
+func (c *coalescer) runBatch(batch []*pending) [][]*pending {
 	deferred, err := runTogether(batch, true)
 
 	c.mu.Lock()
@@ -192,9 +211,7 @@ func (c *coalescer) runBatch(batch []*pending) {
 	c.busy--
 	next := c.formBatches()
 	c.mu.Unlock()
-	for _, b := range next {
-		go c.runBatch(b)
-	}
+	return next
 }
 
 // formBatches takes batches off the queue while slots are free.

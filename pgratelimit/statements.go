@@ -1,7 +1,6 @@
 package pgratelimit
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -28,10 +27,11 @@ type statements struct {
 	// full again, rounded up to the minute from the transaction's clock), so
 	// that check's UPDATE leaves the indexed column alone and stays HOT.
 	insert string
-	// lock and lockSkip lock the rows in (prefix, key) order and read them
-	// with the clock ($3, or the database's clock_timestamp() read after the
-	// locks). lockSkip skips rows that another transaction holds: coalesced
-	// batches never wait for a row lock.
+	// lock and lockSkip lock the rows one by one in the order given, which
+	// is (prefix, key) order, and read them with the clock ($3, or the
+	// database's clock_timestamp() read after each lock). lockSkip skips rows
+	// that another transaction holds: coalesced batches never wait for a row
+	// lock.
 	lock, lockSkip string
 	// relock is lock for rows that vanished between insert and lock (a
 	// cleanup deleted them): an upsert, which always returns the row, locked.
@@ -39,8 +39,9 @@ type statements struct {
 	// update writes the rows a check changed.
 	update string
 	// The same for one row, with scalar parameters: cheaper for a few rows
-	// than arrays (no custom planning), and the only shape a distributed
-	// table (Citus) routes to one shard. $1 and $2 are the prefix and key.
+	// than arrays, the shape for a caller's transaction (see txRun.exec),
+	// and the only one a distributed table (Citus) routes to one shard. $1
+	// and $2 are the prefix and key.
 	insert1, lock1, lockSkip1, relock1, update1 string
 
 	// peek reads one row without locking it.
@@ -63,10 +64,10 @@ func newStatements(table string) statements {
 	t := pgx.Identifier{table}.Sanitize()
 	rows := `unnest($1::text::text[], $2::text::text[])`
 	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
-FROM (SELECT t.prefix, t.key, t.tokens, t.refilled_at, t.expires_at
-      FROM ` + rows + ` AS r(prefix, key) JOIN ` + t + ` t ON t.prefix = r.prefix AND t.key = r.key
-      ORDER BY t.prefix, t.key FOR UPDATE OF t%s) b`
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+FROM ` + rows + ` AS r(prefix, key),
+LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%s) t`
 	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%s) b`
@@ -125,11 +126,22 @@ func int64Array(n int, elem func(i int) int64) string {
 }
 
 // timeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
+// The times of a batch repeat (one grid, one expiry minute): a time equal to
+// the one before is copied rather than formatted again.
 func timeArray(n int, elem func(i int) time.Time) string {
+	var last time.Time
+	var lastAt, lastEnd int
 	return array(n, func(b []byte, i int) []byte {
+		t := elem(i).UTC().Truncate(time.Microsecond)
+		if i > 0 && t.Equal(last) {
+			return append(b, b[lastAt:lastEnd]...)
+		}
+		last, lastAt = t, len(b)
 		b = append(b, '"')
-		b = elem(i).UTC().Truncate(time.Microsecond).AppendFormat(b, "2006-01-02 15:04:05.999999Z07:00")
-		return append(b, '"')
+		b = t.AppendFormat(b, "2006-01-02 15:04:05.999999Z07:00")
+		b = append(b, '"')
+		lastEnd = len(b)
+		return b
 	})
 }
 
@@ -153,5 +165,12 @@ func array(n int, elem func(b []byte, i int) []byte) string {
 func interval(d time.Duration) string {
 	us := d.Microseconds()
 	h, rest := us/3_600_000_000, us%3_600_000_000
-	return fmt.Sprintf("%d hours %d.%06d seconds", h, rest/1_000_000, rest%1_000_000)
+	b := make([]byte, 0, 40)
+	b = strconv.AppendInt(b, h, 10)
+	b = append(b, " hours "...)
+	b = strconv.AppendInt(b, rest/1_000_000, 10)
+	b = append(b, '.')
+	frac := strconv.AppendInt(make([]byte, 0, 8), 1_000_000+rest%1_000_000, 10) // 1 and six digits
+	b = append(b, frac[1:]...)
+	return string(append(b, " seconds"...))
 }
