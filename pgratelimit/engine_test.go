@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,5 +209,71 @@ func BenchmarkMetricsNoop(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		record(ctx, time.Now(), MultiResult{Allowed: true}, nil, charges)
+	}
+}
+
+// A batch's array statements are planned once per connection (a generic
+// plan) under the settings of its transaction: whatever the table held when
+// the plan was made (here nothing, never analyzed), every row is an index
+// lookup in a nested loop over the arrays, never a scan of the table.
+func TestBatchPlansAreIndexLookups(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	if poolStateFor(pool, 0).distributed(ctx, pool) {
+		t.Skip("distributed tables take one-row statements only")
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	set := (&txRun{skip: true}).settings(true)
+	if _, err := tx.Exec(ctx, setConfigSQL(len(set)/2), set...); err != nil {
+		t.Fatal(err)
+	}
+	const rows, times = `'{p,p}', '{a,b}'`, `'{"2026-01-01 00:00:00Z","2026-01-01 00:00:00Z"}'`
+	const horizons = `'{"1 hours 0 seconds","1 hours 0 seconds"}', NULL`
+	for _, s := range []Storage{Durable, Ephemeral} {
+		sql := s.statements()
+		for i, c := range []struct {
+			name, sql, args string
+			lookups         bool
+		}{
+			{"insert", sql.insert, rows + ", " + horizons, false},
+			{"lock", sql.lock, rows + ", NULL", true},
+			{"lockSkip", sql.lockSkip, rows + ", NULL", true},
+			{"relock", sql.relock, rows + ", " + horizons, false},
+			{"update", sql.update, rows + ", '{1,2}', " + times + ", " + times, true},
+		} {
+			name := fmt.Sprintf("s%d_%d", s, i)
+			if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+c.sql); err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			var plan []string
+			rs, err := tx.Query(ctx, "EXPLAIN (COSTS off) EXECUTE "+name+"("+c.args+")")
+			if err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			for rs.Next() {
+				var line string
+				if err := rs.Scan(&line); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, line)
+			}
+			if err := rs.Err(); err != nil {
+				t.Fatalf("%s: %v", c.name, err)
+			}
+			text := strings.Join(plan, "\n")
+			for _, bad := range []string{"Seq Scan", "Hash", "Merge", "Sort", "Bitmap"} {
+				if strings.Contains(text, bad) {
+					t.Errorf("%s on %v plans a %s:\n%s", c.name, s, bad, text)
+				}
+			}
+			if c.lookups && !(strings.Contains(text, "Nested Loop") && strings.Contains(text, "Index Scan using")) {
+				t.Errorf("%s on %v is not a nested loop of index lookups:\n%s", c.name, s, text)
+			}
+		}
 	}
 }
