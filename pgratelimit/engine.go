@@ -156,15 +156,6 @@ type txRun struct {
 	// (Config.LockTimeout) and of every own transaction (AsyncCommit).
 	lockTimeout time.Duration
 	async       bool
-
-	// What the transaction has found so far (see open).
-	arrays    bool                     // statements over arrays, not one row each
-	rows      []row                    // distinct, in lock order
-	horizons  map[row]time.Duration    // of new rows (see statements.insert)
-	intervals map[time.Duration]string // horizons as interval input
-	stored    map[row]bucket           // the rows locked, then as decided
-	orig      map[row]bucket           // the rows as locked
-	now       time.Time                // the clock, after the locks
 }
 
 // perRowMax is the most rows sent as statements of one row each rather than
@@ -208,48 +199,65 @@ func (t *txRun) settings(arrays bool) []any {
 // request's outcome, marks the requests whose context ended before the
 // decision (they spend nothing), and returns the deferred ones.
 func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*request, err error) {
-	if err := ex.pipeline(ctx, t.open(own)); err != nil {
-		return nil, err
-	}
-	if deferred, err = t.decideAll(ctx, ex); err != nil {
-		return nil, err
-	}
-	if stmts := t.close(own); len(stmts) > 0 {
-		if err := ex.pipeline(ctx, stmts); err != nil {
-			return nil, err
-		}
-	}
-	return deferred, nil
-}
-
-// open returns the statements that begin t, up to the locks (BEGIN only
-// when own), and readies t to take their rows.
-func (t *txRun) open(own bool) []stmt {
-	t.rows = t.rows[:0]
-	t.horizons = make(map[row]time.Duration, len(t.reqs))
+	rows := make([]row, 0, len(t.reqs))
+	horizons := make(map[row]time.Duration, len(t.reqs))
 	for _, q := range t.reqs {
 		for _, c := range q.charges {
-			t.rows = append(t.rows, c.row)
-			if _, ok := t.horizons[c.row]; !ok && !q.give {
+			rows = append(rows, c.row)
+			if _, ok := horizons[c.row]; !ok && !q.give {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
-				t.horizons[c.row] = c.policy.untilTokens(bucket{tokens: c.policy.capacity - c.cost}, time.Time{}, c.policy.capacity)
+				horizons[c.row] = c.policy.untilTokens(bucket{tokens: c.policy.capacity - c.cost}, time.Time{}, c.policy.capacity)
 			}
 		}
 	}
-	slices.SortFunc(t.rows, compareRows)
-	t.rows = slices.Compact(t.rows)
-	t.stored = make(map[row]bucket, len(t.rows))
-	t.now = time.Time{}
+	slices.SortFunc(rows, compareRows)
+	rows = slices.Compact(rows)
+	// The rows of a batch mostly share a horizon: format each once.
+	intervals := make(map[time.Duration]string, 1)
+	intervalOf := func(r row) string {
+		h := horizons[r]
+		s, ok := intervals[h]
+		if !ok {
+			s = interval(h)
+			intervals[h] = s
+		}
+		return s
+	}
+	horizonArray := func(rows []row) string {
+		return textArray(len(rows), func(i int) string { return intervalOf(rows[i]) })
+	}
+
+	stored := make(map[row]bucket, len(rows))
+	var now time.Time
+	scanInto := func(s Storage) func(rowScanner) error {
+		return func(rs rowScanner) error {
+			for rs.Next() {
+				r := row{storage: s}
+				var b bucket
+				var clock time.Time
+				if err := rs.Scan(&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock); err != nil {
+					return err
+				}
+				stored[r] = b
+				// Rows are locked in order, so the last clock read is
+				// after every lock is held.
+				if clock.After(now) {
+					now = clock
+				}
+			}
+			return rs.Err()
+		}
+	}
+
 	// The array statements run only in our own transactions, whose
 	// settings make their plans (see settings); in the caller's they would
 	// be planned under the caller's settings, and that plan cached for ours.
-	t.arrays = !t.perRow && len(t.rows) > perRowMax && own
-
+	perRow := t.perRow || len(rows) <= perRowMax || !own
 	var stmts []stmt
 	if own {
 		stmts = append(stmts, stmt{sql: "BEGIN"})
-		switch set := t.settings(t.arrays); {
+		switch set := t.settings(!perRow); {
 		case len(set) == 0:
 		case t.perRow:
 			// Distributed tables: SET LOCAL commands, which Citus passes on
@@ -262,79 +270,36 @@ func (t *txRun) open(own bool) []stmt {
 			stmts = append(stmts, stmt{sql: setConfigSQL(len(set) / 2), args: set})
 		}
 	}
-	for s, part := range byStorage(t.rows) {
+	for s, part := range byStorage(rows) {
 		sql := s.statements()
 		lock, lock1 := sql.lock, sql.lock1
 		if t.skip {
 			lock, lock1 = sql.lockSkip, sql.lockSkip1
 		}
-		if !t.arrays {
+		switch {
+		case perRow:
 			if !t.noInsert {
 				for _, r := range part {
-					stmts = append(stmts, stmt{sql: sql.insert1, args: []any{r.prefix, r.key, t.interval(r), t.clock}})
+					stmts = append(stmts, stmt{sql: sql.insert1, args: []any{r.prefix, r.key, intervalOf(r), t.clock}})
 				}
 			}
 			for _, r := range part {
-				stmts = append(stmts, stmt{sql: lock1, args: []any{r.prefix, r.key, t.clock}, scan: t.scanInto(s)})
+				stmts = append(stmts, stmt{sql: lock1, args: []any{r.prefix, r.key, t.clock}, scan: scanInto(s)})
 			}
-			continue
-		}
-		if !t.noInsert {
-			stmts = append(stmts, stmt{sql: sql.insert, args: []any{prefixArray(part), keyArray(part), t.horizonArray(part), t.clock}})
-		}
-		stmts = append(stmts, stmt{sql: lock, args: []any{prefixArray(part), keyArray(part), t.clock}, scan: t.scanInto(s)})
-	}
-	return stmts
-}
-
-// interval is the horizon of r as interval input; the rows of a batch mostly
-// share one, formatted once.
-func (t *txRun) interval(r row) string {
-	h := t.horizons[r]
-	s, ok := t.intervals[h]
-	if !ok {
-		s = interval(h)
-		if t.intervals == nil {
-			t.intervals = make(map[time.Duration]string, 1)
-		}
-		t.intervals[h] = s
-	}
-	return s
-}
-
-func (t *txRun) horizonArray(rows []row) string {
-	return textArray(len(rows), func(i int) string { return t.interval(rows[i]) })
-}
-
-// scanInto reads locked rows of storage s, with the clock.
-func (t *txRun) scanInto(s Storage) func(rowScanner) error {
-	return func(rs rowScanner) error {
-		for rs.Next() {
-			r := row{storage: s}
-			var b bucket
-			var clock time.Time
-			if err := rs.Scan(&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock); err != nil {
-				return err
+		default:
+			if !t.noInsert {
+				stmts = append(stmts, stmt{sql: sql.insert, args: []any{prefixArray(part), keyArray(part), horizonArray(part), t.clock}})
 			}
-			t.stored[r] = b
-			// Rows are locked in order, so the last clock read is after
-			// every lock is held.
-			if clock.After(t.now) {
-				t.now = clock
-			}
+			stmts = append(stmts, stmt{sql: lock, args: []any{prefixArray(part), keyArray(part), t.clock}, scan: scanInto(s)})
 		}
-		return rs.Err()
 	}
-}
+	if err := ex.pipeline(ctx, stmts); err != nil {
+		return nil, err
+	}
 
-// decideAll decides t's requests on the rows open locked: in order, each
-// all or nothing. A request that needs a row t does not hold (skipped, or
-// missing without an INSERT) is deferred, and so is every later request
-// sharing a row with it.
-func (t *txRun) decideAll(ctx context.Context, ex executor) (deferred []*request, err error) {
 	missing := make(map[row]bool)
-	for _, r := range t.rows {
-		if _, ok := t.stored[r]; !ok {
+	for _, r := range rows {
+		if _, ok := stored[r]; !ok {
 			missing[r] = true
 		}
 	}
@@ -342,34 +307,36 @@ func (t *txRun) decideAll(ctx context.Context, ex executor) (deferred []*request
 		// A cleanup deleted rows between our INSERT and SELECT: insert
 		// them again, locked, in this transaction.
 		var again []row
-		for _, r := range t.rows {
+		for _, r := range rows {
 			if missing[r] {
 				again = append(again, r)
 			}
 		}
-		var stmts []stmt
+		stmts = stmts[:0]
 		for s, part := range byStorage(again) {
-			if !t.arrays {
+			if perRow {
 				for _, r := range part {
-					stmts = append(stmts, stmt{sql: s.statements().relock1, args: []any{r.prefix, r.key, t.interval(r), t.clock}, scan: t.scanInto(s)})
+					stmts = append(stmts, stmt{sql: s.statements().relock1, args: []any{r.prefix, r.key, intervalOf(r), t.clock}, scan: scanInto(s)})
 				}
 				continue
 			}
-			stmts = append(stmts, stmt{sql: s.statements().relock, args: []any{prefixArray(part), keyArray(part), t.horizonArray(part), t.clock}, scan: t.scanInto(s)})
+			stmts = append(stmts, stmt{sql: s.statements().relock, args: []any{prefixArray(part), keyArray(part), horizonArray(part), t.clock}, scan: scanInto(s)})
 		}
 		if err := ex.pipeline(ctx, stmts); err != nil {
 			return nil, err
 		}
-		if len(t.stored) < len(t.rows) {
+		if len(stored) < len(rows) {
 			return nil, errors.New("pgratelimit: upsert returned no row") // cannot happen
 		}
 		clear(missing)
 	}
 	if t.clock != nil {
-		t.now = t.clock.(time.Time)
+		now = t.clock.(time.Time)
 	}
 
-	t.orig = maps.Clone(t.stored)
+	// Decide in order. A request that needs a row this transaction does not
+	// hold waits, and so does every later request sharing a row with it.
+	orig := maps.Clone(stored)
 	blocked := missing
 	for _, q := range t.reqs {
 		if err := q.ctx.Err(); err != nil {
@@ -384,40 +351,40 @@ func (t *txRun) decideAll(ctx context.Context, ex executor) (deferred []*request
 			continue
 		}
 		q.err = nil
-		q.decide(t.stored, t.now)
+		q.decide(stored, now)
 	}
-	return deferred, nil
-}
 
-// close returns the statements that end t: the UPDATE of the rows that
-// changed, and COMMIT when own.
-func (t *txRun) close(own bool) []stmt {
-	var stmts []stmt
+	stmts = stmts[:0]
 	var changed []row
-	for _, r := range t.rows {
-		if b, ok := t.stored[r]; ok && !b.same(t.orig[r]) {
+	for _, r := range rows {
+		if b, ok := stored[r]; ok && !b.same(orig[r]) {
 			changed = append(changed, r)
 		}
 	}
 	for s, part := range byStorage(changed) {
-		if !t.arrays {
+		if perRow {
 			for _, r := range part {
-				b := t.stored[r]
+				b := stored[r]
 				stmts = append(stmts, stmt{sql: s.statements().update1, args: []any{r.prefix, r.key, b.tokens, b.refilledAt, b.expiresAt}})
 			}
 			continue
 		}
 		stmts = append(stmts, stmt{sql: s.statements().update, args: []any{
 			prefixArray(part), keyArray(part),
-			int64Array(len(part), func(i int) int64 { return t.stored[part[i]].tokens }),
-			timeArray(len(part), func(i int) time.Time { return t.stored[part[i]].refilledAt }),
-			timeArray(len(part), func(i int) time.Time { return t.stored[part[i]].expiresAt }),
+			int64Array(len(part), func(i int) int64 { return stored[part[i]].tokens }),
+			timeArray(len(part), func(i int) time.Time { return stored[part[i]].refilledAt }),
+			timeArray(len(part), func(i int) time.Time { return stored[part[i]].expiresAt }),
 		}})
 	}
 	if own {
 		stmts = append(stmts, stmt{sql: "COMMIT"})
 	}
-	return stmts
+	if len(stmts) > 0 {
+		if err := ex.pipeline(ctx, stmts); err != nil {
+			return nil, err
+		}
+	}
+	return deferred, nil
 }
 
 // byStorage yields the parts of sorted rows that share a table, in order.
