@@ -358,6 +358,12 @@ const deadlineGrace = 50 * time.Millisecond
 // followAll is a context that is cancelled when every member's context has
 // ended.
 func followAll(batch []*pending) (context.Context, context.CancelFunc) {
+	for _, p := range batch {
+		if p.req.ctx.Done() == nil {
+			// A member that can never end keeps the batch going.
+			return context.Background(), func() {}
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var left atomic.Int64
 	left.Store(int64(len(batch)))

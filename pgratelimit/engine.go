@@ -80,8 +80,12 @@ func (q *request) rows() []row {
 // been read from the table one check at a time.
 func (q *request) decide(stored map[row]bucket, now time.Time) {
 	results := make([]Result, len(q.charges))
-	next := make([]bucket, len(q.charges))
-	loaded := make([]bucket, len(q.charges))
+	var buf [2 * 4]bucket // next and loaded of up to 4 charges, without allocating
+	next, loaded := buf[:0:4], buf[4:4]
+	if len(q.charges) > 4 {
+		next, loaded = make([]bucket, 0, len(q.charges)), make([]bucket, 0, len(q.charges))
+	}
+	next, loaded = next[:len(q.charges)], loaded[:len(q.charges)]
 	allowed := true
 	for i, c := range q.charges {
 		loaded[i] = c.policy.load(stored[c.row], now)
@@ -232,10 +236,15 @@ func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*re
 	var now time.Time
 	scanInto := func(s Storage) func(rowScanner) error {
 		return func(rs rowScanner) error {
+			// Scanned into once per statement, not once per row: Scan
+			// moves them to the heap.
+			var (
+				r     row
+				b     bucket
+				clock time.Time
+			)
 			for rs.Next() {
-				r := row{storage: s}
-				var b bucket
-				var clock time.Time
+				r, b = row{storage: s}, bucket{}
 				if err := rs.Scan(&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock); err != nil {
 					return err
 				}

@@ -12,10 +12,17 @@ import (
 // instruments are a limiter's OpenTelemetry instruments, with the attribute
 // sets of its results made once, so recording allocates nothing.
 type instruments struct {
-	checks                   metric.Int64Counter
-	duration                 metric.Float64Histogram
-	batch                    metric.Int64Histogram
-	allowed, denied, errored metric.MeasurementOption
+	checks   metric.Int64Counter
+	duration metric.Float64Histogram
+	batch    metric.Int64Histogram
+	// The attribute set of each result, as the option lists Add and Record
+	// take (passed whole, so a call allocates no list).
+	allowed, denied, errored outcome
+}
+
+type outcome struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
 }
 
 const meterName = "github.com/pgratelimit/pgratelimit"
@@ -34,10 +41,11 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 		metric.WithDescription("How long a check took, from the call to its result, by limiter prefix and result."))
 	in.batch, _ = m.Int64Histogram("pgratelimit.batch.size", metric.WithUnit("{check}"),
 		metric.WithDescription("Checks per coalesced transaction."))
-	set := func(result string) metric.MeasurementOption {
-		return metric.WithAttributeSet(attribute.NewSet(
+	set := func(result string) outcome {
+		o := metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("pgratelimit.prefix", prefix),
 			attribute.String("pgratelimit.result", result)))
+		return outcome{[]metric.AddOption{o}, []metric.RecordOption{o}}
 	}
 	in.allowed, in.denied, in.errored = set("allowed"), set("denied"), set("error")
 	return in
@@ -63,8 +71,8 @@ func record(ctx context.Context, start time.Time, m MultiResult, err error, char
 		default:
 			attrs = in.denied
 		}
-		in.checks.Add(ctx, 1, attrs)
-		in.duration.Record(ctx, secs, attrs)
+		in.checks.Add(ctx, 1, attrs.add...)
+		in.duration.Record(ctx, secs, attrs.record...)
 	}
 }
 
@@ -74,8 +82,8 @@ func recordInvalid(ctx context.Context, start time.Time, charges []Charge) {
 	secs := time.Since(start).Seconds()
 	for _, c := range charges {
 		if in := c.Limiter; in != nil {
-			in.metrics.checks.Add(ctx, 1, in.metrics.errored)
-			in.metrics.duration.Record(ctx, secs, in.metrics.errored)
+			in.metrics.checks.Add(ctx, 1, in.metrics.errored.add...)
+			in.metrics.duration.Record(ctx, secs, in.metrics.errored.record...)
 		}
 	}
 }
