@@ -153,7 +153,7 @@ func TestGivenUpCheckLeavesNoTrace(t *testing.T) {
 func TestWaitNJustBeforeTheDeadline(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := newLimiter(t, pgratelimit.Config{Prefix: "w", Capacity: 1, Refill: 1, Interval: 400 * time.Millisecond})
+	l := newLimiter(t, pgratelimit.Config{Prefix: "w", Capacity: 1, Refill: 1, Interval: time.Second})
 	var wg sync.WaitGroup
 	errs := make(chan error, 12)
 	for i := range 12 {
@@ -166,8 +166,11 @@ func TestWaitNJustBeforeTheDeadline(t *testing.T) {
 				errs <- fmt.Errorf("first: %v %+v", err, r)
 				return
 			}
-			// The token comes back within 400ms; the deadline is 25ms after.
-			c, cancel := context.WithTimeout(ctx, 425*time.Millisecond)
+			// The token comes back within 1s; the deadline is 40ms after.
+			// Jitter of up to a tenth of the wait (50ms at most) would
+			// often pass it; a quarter of the slack (10ms) leaves the
+			// retry 30ms, even under -race on a busy machine.
+			c, cancel := context.WithTimeout(ctx, time.Second+40*time.Millisecond)
 			defer cancel()
 			if _, err := l.Wait(c, key); err != nil {
 				errs <- err
