@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -123,7 +122,7 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 		c.busy++
 		c.markInflight(p.rows, 1)
 		c.mu.Unlock()
-		for _, b := range c.runBatch([]*pending{p}) {
+		for _, b := range c.runBatch([]*pending{p}, false) {
 			go c.work(b)
 		}
 	default:
@@ -178,7 +177,7 @@ func (c *coalescer) markInflight(rows []row, d int) {
 // batch after batch keeps the stack the engine needs).
 func (c *coalescer) work(batch []*pending) {
 	for batch != nil {
-		next := c.runBatch(batch)
+		next := c.runBatch(batch, true)
 		batch = nil
 		for i, b := range next {
 			if i == 0 {
@@ -191,12 +190,63 @@ func (c *coalescer) work(batch []*pending) {
 }
 
 // runBatch decides batch in one transaction that skips locked rows, delivers
-// the decided checks' outcomes, parks the others, and returns the batches
-// that may start now.
-func (c *coalescer) runBatch(batch []*pending) [][]*pending {
-	deferred, err := runTogether(batch, true)
+// the decided checks' outcomes and parks the others. With chain, checks that
+// queued meanwhile follow on its connection (see runChain), batch after
+// batch, while each finds a full batch waiting. It returns the batches that
+// may start once it is done.
+func (c *coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
+	type running struct {
+		batch  []*pending
+		ctx    context.Context
+		cancel context.CancelFunc
+	}
+	runs := make(map[*txRun]running, 2)
+	start := func(batch []*pending) link {
+		ctx, cancel := batchContext(batch)
+		reqs := make([]*request, len(batch))
+		for i, p := range batch {
+			reqs[i] = p.req
+		}
+		t := batch[0].lim.run(ctx, reqs, true)
+		runs[t] = running{batch, ctx, cancel}
+		return link{ctx, t}
+	}
+	next := func(after *txRun) (link, bool) {
+		if !chain {
+			return link{}, false
+		}
+		c.mu.Lock()
+		var b []*pending
+		// Only when a batch as big as this one waits: else the checks
+		// queued so far are better off in a bigger batch later.
+		if len(c.queue) >= len(runs[after].batch) {
+			b = c.form(runs[after].batch)
+		}
+		c.mu.Unlock()
+		if len(b) == 0 {
+			return link{}, false
+		}
+		return start(b), true
+	}
+	runChain(batch[0].lim.pool, start(batch), next, func(t *txRun, deferred []*request, err error) {
+		r := runs[t]
+		delete(runs, t)
+		r.batch[0].lim.metrics.batchSize(r.ctx, len(r.batch))
+		r.cancel()
+		c.finish(r.batch, deferred, err)
+	})
 
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.busy--
+	return c.formBatches()
+}
+
+// finish delivers the outcomes of batch's checks, parks the deferred ones,
+// and releases its rows.
+func (c *coalescer) finish(batch []*pending, deferred []*request, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, p := range batch {
 		c.markInflight(p.rows, -1)
 		switch {
@@ -208,17 +258,13 @@ func (c *coalescer) runBatch(batch []*pending) [][]*pending {
 		}
 		close(p.done)
 	}
-	c.busy--
-	next := c.formBatches()
-	c.mu.Unlock()
-	return next
 }
 
 // formBatches takes batches off the queue while slots are free.
 func (c *coalescer) formBatches() [][]*pending {
 	var out [][]*pending
 	for c.busy < c.slots && len(c.queue) > 0 {
-		b := c.form()
+		b := c.form(nil)
 		if len(b) == 0 {
 			break
 		}
@@ -229,12 +275,18 @@ func (c *coalescer) formBatches() [][]*pending {
 }
 
 // form takes the next batch off the queue: checks in arrival order, of one
-// group, none sharing a row with a batch in flight or with a check left
-// queued before it. Checks of parked rows join their lanes.
-func (c *coalescer) form() []*pending {
+// group, none sharing a row with a batch in flight (but after, the batch it
+// follows on one connection, see runChain) or with a check left queued
+// before it. Checks of parked rows join their lanes.
+func (c *coalescer) form(after []*pending) []*pending {
 	var batch, keep []*pending
 	held := make(map[row]bool)
-	mine := make(map[row]bool) // rows of this batch, which its later checks may share
+	mine := make(map[row]bool) // rows this batch's checks may share
+	for _, p := range after {
+		for _, r := range p.rows {
+			mine[r] = true
+		}
+	}
 	for i, p := range c.queue {
 		if len(batch) == maxBatch {
 			keep = append(keep, c.queue[i:]...)
@@ -342,7 +394,11 @@ func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 	for _, p := range batch {
 		dl, ok := p.req.ctx.Deadline()
 		if !ok {
-			return followAll(batch)
+			ctxs := make([]context.Context, len(batch))
+			for i, p := range batch {
+				ctxs[i] = p.req.ctx
+			}
+			return followAll(ctxs...)
 		}
 		if dl.After(latest) {
 			latest = dl
@@ -354,31 +410,3 @@ func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 // deadlineGrace is how long a transaction of checks outlives the latest of
 // its members' deadlines.
 const deadlineGrace = 50 * time.Millisecond
-
-// followAll is a context that is cancelled when every member's context has
-// ended.
-func followAll(batch []*pending) (context.Context, context.CancelFunc) {
-	for _, p := range batch {
-		if p.req.ctx.Done() == nil {
-			// A member that can never end keeps the batch going.
-			return context.Background(), func() {}
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var left atomic.Int64
-	left.Store(int64(len(batch)))
-	stops := make([]func() bool, len(batch))
-	for i, p := range batch {
-		stops[i] = context.AfterFunc(p.req.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-	}
-	return ctx, func() {
-		for _, stop := range stops {
-			stop()
-		}
-		cancel()
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgerrcode"
@@ -160,6 +161,15 @@ type txRun struct {
 	// (Config.LockTimeout) and of every own transaction (AsyncCommit).
 	lockTimeout time.Duration
 	async       bool
+
+	// What the transaction has found so far (see open).
+	arrays    bool                     // statements over arrays, not one row each
+	rows      []row                    // distinct, in lock order
+	horizons  map[row]time.Duration    // of new rows (see statements.insert)
+	intervals map[time.Duration]string // horizons as interval input
+	stored    map[row]bucket           // the rows locked, then as decided
+	orig      map[row]bucket           // the rows as locked
+	now       time.Time                // the clock, after the locks
 }
 
 // perRowMax is the most rows sent as statements of one row each rather than
@@ -203,70 +213,48 @@ func (t *txRun) settings(arrays bool) []any {
 // request's outcome, marks the requests whose context ended before the
 // decision (they spend nothing), and returns the deferred ones.
 func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*request, err error) {
-	rows := make([]row, 0, len(t.reqs))
-	horizons := make(map[row]time.Duration, len(t.reqs))
+	if err := ex.pipeline(ctx, t.open(own)); err != nil {
+		return nil, err
+	}
+	if deferred, err = t.decideAll(ctx, ex); err != nil {
+		return nil, err
+	}
+	if stmts := t.close(own); len(stmts) > 0 {
+		if err := ex.pipeline(ctx, stmts); err != nil {
+			return nil, err
+		}
+	}
+	return deferred, nil
+}
+
+// open returns the statements that begin t, up to the locks (BEGIN only
+// when own), and readies t to take their rows.
+func (t *txRun) open(own bool) []stmt {
+	t.rows = t.rows[:0]
+	t.horizons = make(map[row]time.Duration, len(t.reqs))
 	for _, q := range t.reqs {
 		for _, c := range q.charges {
-			rows = append(rows, c.row)
-			if _, ok := horizons[c.row]; !ok && !q.give {
+			t.rows = append(t.rows, c.row)
+			if _, ok := t.horizons[c.row]; !ok && !q.give {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
-				horizons[c.row] = c.policy.untilTokens(bucket{tokens: c.policy.capacity - c.cost}, time.Time{}, c.policy.capacity)
+				t.horizons[c.row] = c.policy.untilTokens(bucket{tokens: c.policy.capacity - c.cost}, time.Time{}, c.policy.capacity)
 			}
 		}
 	}
-	slices.SortFunc(rows, compareRows)
-	rows = slices.Compact(rows)
-	// The rows of a batch mostly share a horizon: format each once.
-	intervals := make(map[time.Duration]string, 1)
-	intervalOf := func(r row) string {
-		h := horizons[r]
-		s, ok := intervals[h]
-		if !ok {
-			s = interval(h)
-			intervals[h] = s
-		}
-		return s
-	}
-	horizonArray := func(rows []row) string {
-		return textArray(len(rows), func(i int) string { return intervalOf(rows[i]) })
-	}
-
-	stored := make(map[row]bucket, len(rows))
-	var now time.Time
-	scanInto := func(s Storage) func(rowScanner) error {
-		return func(rs rowScanner) error {
-			// Scanned into once per statement, not once per row: Scan
-			// moves them to the heap.
-			var (
-				r     row
-				b     bucket
-				clock time.Time
-			)
-			for rs.Next() {
-				r, b = row{storage: s}, bucket{}
-				if err := rs.Scan(&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock); err != nil {
-					return err
-				}
-				stored[r] = b
-				// Rows are locked in order, so the last clock read is
-				// after every lock is held.
-				if clock.After(now) {
-					now = clock
-				}
-			}
-			return rs.Err()
-		}
-	}
-
+	slices.SortFunc(t.rows, compareRows)
+	t.rows = slices.Compact(t.rows)
+	t.stored = make(map[row]bucket, len(t.rows))
+	t.now = time.Time{}
 	// The array statements run only in our own transactions, whose
 	// settings make their plans (see settings); in the caller's they would
 	// be planned under the caller's settings, and that plan cached for ours.
-	perRow := t.perRow || len(rows) <= perRowMax || !own
+	t.arrays = !t.perRow && len(t.rows) > perRowMax && own
+
 	var stmts []stmt
 	if own {
 		stmts = append(stmts, stmt{sql: "BEGIN"})
-		switch set := t.settings(!perRow); {
+		switch set := t.settings(t.arrays); {
 		case len(set) == 0:
 		case t.perRow:
 			// Distributed tables: SET LOCAL commands, which Citus passes on
@@ -279,36 +267,84 @@ func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*re
 			stmts = append(stmts, stmt{sql: setConfigSQL(len(set) / 2), args: set})
 		}
 	}
-	for s, part := range byStorage(rows) {
+	for s, part := range byStorage(t.rows) {
 		sql := s.statements()
 		lock, lock1 := sql.lock, sql.lock1
 		if t.skip {
 			lock, lock1 = sql.lockSkip, sql.lockSkip1
 		}
-		switch {
-		case perRow:
+		if !t.arrays {
 			if !t.noInsert {
 				for _, r := range part {
-					stmts = append(stmts, stmt{sql: sql.insert1, args: []any{r.prefix, r.key, intervalOf(r), t.clock}})
+					stmts = append(stmts, stmt{sql: sql.insert1, args: []any{r.prefix, r.key, t.interval(r), t.clock}})
 				}
 			}
 			for _, r := range part {
-				stmts = append(stmts, stmt{sql: lock1, args: []any{r.prefix, r.key, t.clock}, scan: scanInto(s)})
+				stmts = append(stmts, stmt{sql: lock1, args: []any{r.prefix, r.key, t.clock}, scan: t.scanInto(s)})
 			}
-		default:
-			if !t.noInsert {
-				stmts = append(stmts, stmt{sql: sql.insert, args: []any{prefixArray(part), keyArray(part), horizonArray(part), t.clock}})
-			}
-			stmts = append(stmts, stmt{sql: lock, args: []any{prefixArray(part), keyArray(part), t.clock}, scan: scanInto(s)})
+			continue
 		}
+		if !t.noInsert {
+			stmts = append(stmts, stmt{sql: sql.insert, args: []any{prefixArray(part), keyArray(part), t.horizonArray(part), t.clock}})
+		}
+		stmts = append(stmts, stmt{sql: lock, args: []any{prefixArray(part), keyArray(part), t.clock}, scan: t.scanInto(s)})
 	}
-	if err := ex.pipeline(ctx, stmts); err != nil {
-		return nil, err
-	}
+	return stmts
+}
 
+// interval is the horizon of r as interval input; the rows of a batch mostly
+// share one, formatted once.
+func (t *txRun) interval(r row) string {
+	h := t.horizons[r]
+	s, ok := t.intervals[h]
+	if !ok {
+		s = interval(h)
+		if t.intervals == nil {
+			t.intervals = make(map[time.Duration]string, 1)
+		}
+		t.intervals[h] = s
+	}
+	return s
+}
+
+func (t *txRun) horizonArray(rows []row) string {
+	return textArray(len(rows), func(i int) string { return t.interval(rows[i]) })
+}
+
+// scanInto reads locked rows of storage s, with the clock.
+func (t *txRun) scanInto(s Storage) func(rowScanner) error {
+	return func(rs rowScanner) error {
+		// Scanned into once per statement, not once per row: Scan moves
+		// them to the heap.
+		var (
+			r     row
+			b     bucket
+			clock time.Time
+		)
+		for rs.Next() {
+			r, b = row{storage: s}, bucket{}
+			if err := rs.Scan(&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock); err != nil {
+				return err
+			}
+			t.stored[r] = b
+			// Rows are locked in order, so the last clock read is after
+			// every lock is held.
+			if clock.After(t.now) {
+				t.now = clock
+			}
+		}
+		return rs.Err()
+	}
+}
+
+// decideAll decides t's requests on the rows open locked: in order, each
+// all or nothing. A request that needs a row t does not hold (skipped, or
+// missing without an INSERT) is deferred, and so is every later request
+// sharing a row with it.
+func (t *txRun) decideAll(ctx context.Context, ex executor) (deferred []*request, err error) {
 	missing := make(map[row]bool)
-	for _, r := range rows {
-		if _, ok := stored[r]; !ok {
+	for _, r := range t.rows {
+		if _, ok := t.stored[r]; !ok {
 			missing[r] = true
 		}
 	}
@@ -316,36 +352,34 @@ func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*re
 		// A cleanup deleted rows between our INSERT and SELECT: insert
 		// them again, locked, in this transaction.
 		var again []row
-		for _, r := range rows {
+		for _, r := range t.rows {
 			if missing[r] {
 				again = append(again, r)
 			}
 		}
-		stmts = stmts[:0]
+		var stmts []stmt
 		for s, part := range byStorage(again) {
-			if perRow {
+			if !t.arrays {
 				for _, r := range part {
-					stmts = append(stmts, stmt{sql: s.statements().relock1, args: []any{r.prefix, r.key, intervalOf(r), t.clock}, scan: scanInto(s)})
+					stmts = append(stmts, stmt{sql: s.statements().relock1, args: []any{r.prefix, r.key, t.interval(r), t.clock}, scan: t.scanInto(s)})
 				}
 				continue
 			}
-			stmts = append(stmts, stmt{sql: s.statements().relock, args: []any{prefixArray(part), keyArray(part), horizonArray(part), t.clock}, scan: scanInto(s)})
+			stmts = append(stmts, stmt{sql: s.statements().relock, args: []any{prefixArray(part), keyArray(part), t.horizonArray(part), t.clock}, scan: t.scanInto(s)})
 		}
 		if err := ex.pipeline(ctx, stmts); err != nil {
 			return nil, err
 		}
-		if len(stored) < len(rows) {
+		if len(t.stored) < len(t.rows) {
 			return nil, errors.New("pgratelimit: upsert returned no row") // cannot happen
 		}
 		clear(missing)
 	}
 	if t.clock != nil {
-		now = t.clock.(time.Time)
+		t.now = t.clock.(time.Time)
 	}
 
-	// Decide in order. A request that needs a row this transaction does not
-	// hold waits, and so does every later request sharing a row with it.
-	orig := maps.Clone(stored)
+	t.orig = maps.Clone(t.stored)
 	blocked := missing
 	for _, q := range t.reqs {
 		if err := q.ctx.Err(); err != nil {
@@ -360,40 +394,40 @@ func (t *txRun) exec(ctx context.Context, ex executor, own bool) (deferred []*re
 			continue
 		}
 		q.err = nil
-		q.decide(stored, now)
+		q.decide(t.stored, t.now)
 	}
+	return deferred, nil
+}
 
-	stmts = stmts[:0]
+// close returns the statements that end t: the UPDATE of the rows that
+// changed, and COMMIT when own.
+func (t *txRun) close(own bool) []stmt {
+	var stmts []stmt
 	var changed []row
-	for _, r := range rows {
-		if b, ok := stored[r]; ok && !b.same(orig[r]) {
+	for _, r := range t.rows {
+		if b, ok := t.stored[r]; ok && !b.same(t.orig[r]) {
 			changed = append(changed, r)
 		}
 	}
 	for s, part := range byStorage(changed) {
-		if perRow {
+		if !t.arrays {
 			for _, r := range part {
-				b := stored[r]
+				b := t.stored[r]
 				stmts = append(stmts, stmt{sql: s.statements().update1, args: []any{r.prefix, r.key, b.tokens, b.refilledAt, b.expiresAt}})
 			}
 			continue
 		}
 		stmts = append(stmts, stmt{sql: s.statements().update, args: []any{
 			prefixArray(part), keyArray(part),
-			int64Array(len(part), func(i int) int64 { return stored[part[i]].tokens }),
-			timeArray(len(part), func(i int) time.Time { return stored[part[i]].refilledAt }),
-			timeArray(len(part), func(i int) time.Time { return stored[part[i]].expiresAt }),
+			int64Array(len(part), func(i int) int64 { return t.stored[part[i]].tokens }),
+			timeArray(len(part), func(i int) time.Time { return t.stored[part[i]].refilledAt }),
+			timeArray(len(part), func(i int) time.Time { return t.stored[part[i]].expiresAt }),
 		}})
 	}
 	if own {
 		stmts = append(stmts, stmt{sql: "COMMIT"})
 	}
-	if len(stmts) > 0 {
-		if err := ex.pipeline(ctx, stmts); err != nil {
-			return nil, err
-		}
-	}
-	return deferred, nil
+	return stmts
 }
 
 // byStorage yields the parts of sorted rows that share a table, in order.
@@ -450,30 +484,157 @@ func runOwn(ctx context.Context, pool *pgxpool.Pool, t *txRun) (deferred []*requ
 		return nil, err
 	}
 	defer conn.Release()
-	ex := pgxExecutor{conn}
 	for try := 1; ; try++ {
-		deferred, err = t.exec(ctx, ex, true)
+		deferred, err = t.exec(ctx, pgxExecutor{conn}, true)
 		if err == nil {
 			return deferred, nil
 		}
-		if pc := conn.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_, rerr := conn.Exec(rctx, "ROLLBACK")
-			cancel()
-			if rerr != nil {
-				conn.Conn().PgConn().Close(context.WithoutCancel(ctx)) // the pool discards it
+		rollback(ctx, conn)
+		if !t.retry(conn, err, try) {
+			return nil, err
+		}
+	}
+}
+
+// rollback ends the transaction conn is in after a failure, if it is in
+// one; a connection that cannot roll back is closed (the pool discards it).
+func rollback(ctx context.Context, conn *pgxpool.Conn) {
+	pc := conn.Conn().PgConn()
+	if pc.IsClosed() || pc.TxStatus() == 'I' {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+		pc.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// retry says whether t, rolled back after its try number try failed with
+// err, is to be tried again on conn, and readies it for that.
+func (t *txRun) retry(conn *pgxpool.Conn, err error, try int) bool {
+	var pgErr *pgconn.PgError
+	if try >= maxTries || !errors.As(err, &pgErr) || conn.Conn().PgConn().IsClosed() {
+		return false
+	}
+	switch {
+	case pgErr.Code == pgerrcode.LockNotAvailable && t.skip && !t.noInsert:
+		t.noInsert = true
+		return true
+	case pgErr.Code == pgerrcode.DeadlockDetected || pgErr.Code == pgerrcode.SerializationFailure:
+		return true
+	}
+	return false
+}
+
+// link is a transaction of a chain (see runChain) and the context it runs in.
+type link struct {
+	ctx context.Context
+	t   *txRun
+}
+
+// runChain runs transactions of their own one after another on one
+// connection of pool: first, then each one that next returns once the one
+// before it is decided, until next has none. The statements that end one
+// (UPDATE, COMMIT) and those that begin the next (BEGIN, INSERT, SELECT) go
+// in one round trip, so while the chain lasts a transaction costs the wire
+// one round trip, not two. The next transaction may share rows with the one
+// before it: it locks them after that one's COMMIT. done is called with each
+// transaction's outcome once it has committed or failed.
+func runChain(pool *pgxpool.Pool, first link, next func(after *txRun) (link, bool), done func(t *txRun, deferred []*request, err error)) {
+	conn, err := pool.Acquire(first.ctx)
+	if err != nil {
+		done(first.t, nil, err)
+		return
+	}
+	defer conn.Release()
+	ex := pgxExecutor{conn}
+	cur, opened, tries := first, false, 0 // tries: how often cur failed to begin
+	for {
+		for !opened {
+			_, err := ex.pipelineAt(cur.ctx, cur.t.open(true))
+			if err == nil {
+				opened = true
+				break
+			}
+			tries++
+			rollback(cur.ctx, conn)
+			if !cur.t.retry(conn, err, tries) {
+				done(cur.t, nil, err)
+				return
 			}
 		}
-		var pgErr *pgconn.PgError
-		if try >= maxTries || !errors.As(err, &pgErr) || conn.Conn().PgConn().IsClosed() {
-			return nil, err
+		deferred, err := cur.t.decideAll(cur.ctx, ex)
+		if err != nil {
+			rollback(cur.ctx, conn)
+			done(cur.t, nil, err)
+			return
 		}
+		nxt, ok := next(cur.t)
+		if !ok {
+			if _, err := ex.pipelineAt(cur.ctx, cur.t.close(true)); err != nil {
+				rollback(cur.ctx, conn)
+				done(cur.t, nil, err)
+				return
+			}
+			done(cur.t, deferred, nil)
+			return
+		}
+		closing := cur.t.close(true)
+		ctx, cancel := followAll(cur.ctx, nxt.ctx)
+		at, err := ex.pipelineAt(ctx, append(closing, nxt.t.open(true)...))
+		cancel()
 		switch {
-		case pgErr.Code == pgerrcode.LockNotAvailable && t.skip && !t.noInsert:
-			t.noInsert = true
-		case pgErr.Code == pgerrcode.DeadlockDetected || pgErr.Code == pgerrcode.SerializationFailure:
+		case err == nil:
+			done(cur.t, deferred, nil)
+			opened, tries = true, 0
+		case at < len(closing):
+			// cur failed, and nxt's statements were not run: begin it
+			// again, unless the connection is gone.
+			rollback(cur.ctx, conn)
+			done(cur.t, nil, err)
+			if conn.Conn().PgConn().IsClosed() {
+				done(nxt.t, nil, err)
+				return
+			}
+			opened, tries = false, 0
 		default:
-			return nil, err
+			// cur committed; nxt failed to begin.
+			done(cur.t, deferred, nil)
+			rollback(nxt.ctx, conn)
+			if !nxt.t.retry(conn, err, 1) {
+				done(nxt.t, nil, err)
+				return
+			}
+			opened, tries = false, 1
 		}
+		cur = nxt
+	}
+}
+
+// followAll is a context that is cancelled when every one of ctxs has
+// ended; one that can never end keeps it going.
+func followAll(ctxs ...context.Context) (context.Context, context.CancelFunc) {
+	for _, c := range ctxs {
+		if c.Done() == nil {
+			return context.Background(), func() {}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var left atomic.Int64
+	left.Store(int64(len(ctxs)))
+	stops := make([]func() bool, len(ctxs))
+	for i, c := range ctxs {
+		stops[i] = context.AfterFunc(c, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
 	}
 }

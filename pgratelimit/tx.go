@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // AllowNTx is AllowN inside the caller's transaction tx: the tokens are spent
@@ -99,14 +100,29 @@ type pgxExecutor struct {
 }
 
 func (e pgxExecutor) pipeline(ctx context.Context, stmts []stmt) error {
+	_, err := e.pipelineAt(ctx, stmts)
+	return err
+}
+
+// pipelineAt is pipeline that also says, on an error, which statement
+// failed (stmts[at]); the ones after it were not run.
+func (e pgxExecutor) pipelineAt(ctx context.Context, stmts []stmt) (at int, err error) {
 	b := &pgx.Batch{}
 	for _, s := range stmts {
 		qq := b.Queue(s.sql, s.args...)
 		if scan := s.scan; scan != nil {
-			qq.Query(func(rows pgx.Rows) error { return scan(rows) })
+			qq.Query(func(rows pgx.Rows) error {
+				if err := scan(rows); err != nil {
+					return err
+				}
+				at++
+				return nil
+			})
+		} else {
+			qq.Exec(func(pgconn.CommandTag) error { at++; return nil })
 		}
 	}
-	return e.q.SendBatch(ctx, b).Close()
+	return at, e.q.SendBatch(ctx, b).Close()
 }
 
 // sqlExecutor runs statements one after another in a database/sql
