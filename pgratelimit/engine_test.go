@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
@@ -275,5 +276,172 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 				t.Errorf("%s on %v is not a nested loop of index lookups:\n%s", c.name, s, text)
 			}
 		}
+	}
+}
+
+// chainOf runs links as one chain and returns, for each link in the order
+// done was called, its deferred requests and error.
+func chainOf(t *testing.T, pool *pgxpool.Pool, links []link) (order []*txRun, deferred [][]*request, errs []error) {
+	t.Helper()
+	i := 0
+	runChain(pool, links[0], func(after *txRun) (link, bool) {
+		if after != links[i].t {
+			t.Fatalf("next called after link %p, want link %d", after, i)
+		}
+		i++
+		if i == len(links) {
+			return link{}, false
+		}
+		return links[i], true
+	}, func(t *txRun, d []*request, err error) {
+		order = append(order, t)
+		deferred = append(deferred, d)
+		errs = append(errs, err)
+	})
+	return order, deferred, errs
+}
+
+// Transactions chained on one connection, each sharing rows with the one
+// before it, give every request exactly the outcome it gets one by one.
+func TestChainEqualsOneByOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	limiter := func() *Limiter {
+		l, err := New(testdb.Pool(t), Config{Prefix: "ch", Capacity: 5, Refill: 1, Interval: time.Second, Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	chained, single := limiter(), limiter()
+	mk := func(l *Limiter, key string) *request {
+		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var keys [][]string
+	var links []link
+	for range 8 {
+		var ks []string
+		var reqs []*request
+		for range 1 + rng.IntN(8) {
+			k := fmt.Sprintf("k%d", rng.IntN(3))
+			ks = append(ks, k)
+			reqs = append(reqs, mk(chained, k))
+		}
+		keys = append(keys, ks)
+		links = append(links, link{ctx, chained.run(ctx, reqs, true)})
+	}
+	order, deferred, errs := chainOf(t, chained.pool, links)
+	if len(order) != len(links) {
+		t.Fatalf("done called %d times for %d links", len(order), len(links))
+	}
+	for i, ln := range links {
+		if order[i] != ln.t || errs[i] != nil || len(deferred[i]) != 0 {
+			t.Fatalf("link %d: done in order %v, err %v, deferred %d", i, order[i] == ln.t, errs[i], len(deferred[i]))
+		}
+		for j, q := range ln.t.reqs {
+			want := mk(single, keys[i][j])
+			if _, err := runOwn(ctx, single.pool, single.run(ctx, []*request{want}, true)); err != nil {
+				t.Fatal(err)
+			}
+			if q.err != nil || !reflect.DeepEqual(q.out, want.out) {
+				t.Fatalf("link %d request %d (%s): chained %+v (%v), one by one %+v", i, j, keys[i][j], q.out, q.err, want.out)
+			}
+		}
+	}
+}
+
+// When a transaction's UPDATE fails in a chain, it gets the error and spends
+// nothing; the next one, whose statements were not run, begins again and is
+// decided as if alone.
+func TestChainAfterAFailedTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	if poolStateFor(pool, 0).distributed(ctx, pool) {
+		t.Skip("a trigger on a distributed table needs citus.enable_unsafe_triggers")
+	}
+	for _, ddl := range []string{
+		`CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'boom'; END $$`,
+		`CREATE TRIGGER boom BEFORE UPDATE ON ` + DurableTable + ` FOR EACH ROW WHEN (NEW.key = 'boom') EXECUTE FUNCTION boom()`,
+	} {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := New(pool, Config{Prefix: "f", Capacity: 10, Refill: 1, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(key string) *request {
+		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: 3}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	first, second := mk("boom"), mk("k")
+	links := []link{{ctx, l.run(ctx, []*request{first}, true)}, {ctx, l.run(ctx, []*request{second}, true)}}
+	_, _, errs := chainOf(t, pool, links)
+	if len(errs) != 2 || errs[0] == nil || errs[1] != nil {
+		t.Fatalf("errors %v, want the first link's only", errs)
+	}
+	if !second.out.Allowed || second.out.Results[0].Remaining != 7 {
+		t.Fatalf("second link: %+v", second.out)
+	}
+	for key, want := range map[string]int64{"boom": 10, "k": 7} {
+		if r, err := l.Peek(ctx, key); err != nil || r.Remaining != want {
+			t.Fatalf("%s after the chain: %+v %v, want %d left", key, r, err, want)
+		}
+	}
+}
+
+// When the next transaction of a chain cannot begin (its INSERT waited past
+// insertGuard for another transaction's new row), the one before it still
+// commits, and the next one runs again without the INSERT: the checks of
+// rows it could not have are deferred, the others decided.
+func TestChainWhenTheNextCannotBegin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	l, err := New(pool, Config{Prefix: "g", Capacity: 10, Refill: 1, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := l.AllowNTx(ctx, tx, "held", 1); err != nil { // a new row, not committed
+		t.Fatal(err)
+	}
+	mk := func(key string) *request {
+		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	if _, err := l.Allow(ctx, "b"); err != nil { // a row that exists
+		t.Fatal(err)
+	}
+	first, held, other := mk("a"), mk("held"), mk("b")
+	links := []link{{ctx, l.run(ctx, []*request{first}, true)}, {ctx, l.run(ctx, []*request{held, other}, true)}}
+	_, deferred, errs := chainOf(t, pool, links)
+	if len(errs) != 2 || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("errors %v", errs)
+	}
+	if !first.out.Allowed || len(deferred[0]) != 0 {
+		t.Fatalf("first link: %+v, deferred %d", first.out, len(deferred[0]))
+	}
+	if len(deferred[1]) != 1 || deferred[1][0] != held || !other.out.Allowed || other.out.Results[0].Remaining != 8 {
+		t.Fatalf("second link: deferred %v, other %+v", deferred[1], other.out)
 	}
 }
