@@ -22,6 +22,12 @@ import (
 // are decided in arrival order, whichever way they go, and two batches of
 // one coalescer never hold the same row: a check whose row is in a batch in
 // flight waits for the next.
+//
+// Under load a slot chains its batches (see runChain): once a batch is
+// decided, if a batch as big waits in the queue, that one follows on the
+// same connection, its first statements in the same round trip as the
+// previous batch's last ones. It may share rows with that batch, which
+// commits first.
 
 const (
 	defaultCoalesceConns = 2
