@@ -24,10 +24,10 @@ import (
 // flight waits for the next.
 //
 // Under load a slot chains its batches (see runChain): once a batch is
-// decided, if a batch as big waits in the queue, that one follows on the
-// same connection, its first statements in the same round trip as the
-// previous batch's last ones. It may share rows with that batch, which
-// commits first.
+// decided, if it deferred no check and a batch as big waits in the queue,
+// that one follows on the same connection, its first statements in the same
+// round trip as the previous batch's last ones. It may share rows with that
+// batch, which commits first.
 
 const (
 	defaultCoalesceConns = 2
@@ -217,8 +217,10 @@ func (c *coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
 		runs[t] = running{batch, ctx, cancel}
 		return link{ctx, t}
 	}
-	next := func(after *txRun) (link, bool) {
-		if !chain {
+	next := func(after *txRun, deferred []*request) (link, bool) {
+		// Not after a batch that deferred checks: they are parked once it
+		// ends, and later checks of their rows must queue behind them.
+		if !chain || len(deferred) > 0 {
 			return link{}, false
 		}
 		c.mu.Lock()

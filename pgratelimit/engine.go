@@ -535,13 +535,13 @@ type link struct {
 
 // runChain runs transactions of their own one after another on one
 // connection of pool: first, then each one that next returns once the one
-// before it is decided, until next has none. The statements that end one
+// before it is decided (given what that one deferred), until next has none. The statements that end one
 // (UPDATE, COMMIT) and those that begin the next (BEGIN, INSERT, SELECT) go
 // in one round trip, so while the chain lasts a transaction costs the wire
 // one round trip, not two. The next transaction may share rows with the one
 // before it: it locks them after that one's COMMIT. done is called with each
 // transaction's outcome once it has committed or failed.
-func runChain(pool *pgxpool.Pool, first link, next func(after *txRun) (link, bool), done func(t *txRun, deferred []*request, err error)) {
+func runChain(pool *pgxpool.Pool, first link, next func(after *txRun, deferred []*request) (link, bool), done func(t *txRun, deferred []*request, err error)) {
 	conn, err := pool.Acquire(first.ctx)
 	if err != nil {
 		done(first.t, nil, err)
@@ -570,7 +570,7 @@ func runChain(pool *pgxpool.Pool, first link, next func(after *txRun) (link, boo
 			done(cur.t, nil, err)
 			return
 		}
-		nxt, ok := next(cur.t)
+		nxt, ok := next(cur.t, deferred)
 		if !ok {
 			if _, err := ex.pipelineAt(cur.ctx, cur.t.close(true)); err != nil {
 				rollback(cur.ctx, conn)

@@ -284,7 +284,7 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 func chainOf(t *testing.T, pool *pgxpool.Pool, links []link) (order []*txRun, deferred [][]*request, errs []error) {
 	t.Helper()
 	i := 0
-	runChain(pool, links[0], func(after *txRun) (link, bool) {
+	runChain(pool, links[0], func(after *txRun, _ []*request) (link, bool) {
 		if after != links[i].t {
 			t.Fatalf("next called after link %p, want link %d", after, i)
 		}
