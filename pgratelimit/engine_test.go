@@ -69,12 +69,12 @@ func TestBatchEqualsOneByOne(t *testing.T) {
 		for _, spec := range specs {
 			reqs = append(reqs, mkRequest(batched, spec))
 		}
-		if _, err := runOwn(ctx, batched[0].pool, &txRun{reqs: reqs, clock: batched[0].now()}); err != nil {
+		if _, err := runOwn(ctx, batched[0].pool, batched[0].run(ctx, reqs, false)); err != nil {
 			t.Fatal(err)
 		}
 		for i, spec := range specs {
 			want := mkRequest(single, spec)
-			if _, err := runOwn(ctx, single[0].pool, &txRun{reqs: []*request{want}, clock: single[0].now()}); err != nil {
+			if _, err := runOwn(ctx, single[0].pool, single[0].run(ctx, []*request{want}, false)); err != nil {
 				t.Fatal(err)
 			}
 			if reqs[i].err != nil || !reflect.DeepEqual(reqs[i].out, want.out) {
