@@ -3,6 +3,7 @@ package pgratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
@@ -454,16 +455,22 @@ func keyArray(rows []row) string {
 	return textArray(len(rows), func(i int) string { return rows[i].key })
 }
 
-var setConfigSQLs = [...]string{
-	1: `SELECT set_config($1, $2, true)`,
-	2: `SELECT set_config($1, $2, true), set_config($3, $4, true)`,
-	3: `SELECT set_config($1, $2, true), set_config($3, $4, true), set_config($5, $6, true)`,
-	4: `SELECT set_config($1, $2, true), set_config($3, $4, true), set_config($5, $6, true), set_config($7, $8, true)`,
-	5: `SELECT set_config($1, $2, true), set_config($3, $4, true), set_config($5, $6, true), set_config($7, $8, true), set_config($9, $10, true)`,
-	6: `SELECT set_config($1, $2, true), set_config($3, $4, true), set_config($5, $6, true), set_config($7, $8, true), set_config($9, $10, true), set_config($11, $12, true)`,
-}
-
+// setConfigSQL is a statement that sets n settings for the transaction:
+// $1 to $2, $3 to $4, and so on.
 func setConfigSQL(n int) string { return setConfigSQLs[n] }
+
+// setConfigSQLs holds the statement for every number of settings
+// txRun.settings can make (at most 6 pairs).
+var setConfigSQLs = func() (sqls [7]string) {
+	for n := 1; n < len(sqls); n++ {
+		calls := make([]string, n)
+		for i := range calls {
+			calls[i] = fmt.Sprintf("set_config($%d, $%d, true)", 2*i+1, 2*i+2)
+		}
+		sqls[n] = "SELECT " + strings.Join(calls, ", ")
+	}
+	return sqls
+}()
 
 // insertGuard bounds how long a coalesced batch's INSERT may wait for
 // another transaction that inserted one of its keys and has not committed

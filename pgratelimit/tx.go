@@ -122,7 +122,8 @@ func (e pgxExecutor) pipelineAt(ctx context.Context, stmts []stmt) (at int, err 
 			qq.Exec(func(pgconn.CommandTag) error { at++; return nil })
 		}
 	}
-	return at, e.q.SendBatch(ctx, b).Close()
+	err = e.q.SendBatch(ctx, b).Close() // runs the callbacks above, counting at
+	return at, err
 }
 
 // sqlExecutor runs statements one after another in a database/sql
