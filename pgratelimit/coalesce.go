@@ -209,11 +209,7 @@ func (c *coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
 	runs := make(map[*txRun]running, 2)
 	start := func(batch []*pending) link {
 		ctx, cancel := batchContext(batch)
-		reqs := make([]*request, len(batch))
-		for i, p := range batch {
-			reqs[i] = p.req
-		}
-		t := batch[0].lim.run(ctx, reqs, true)
+		t := batch[0].lim.run(ctx, requests(batch), true)
 		runs[t] = running{batch, ctx, cancel}
 		return link{ctx, t}
 	}
@@ -383,13 +379,18 @@ func runTogether(batch []*pending, skip bool) (deferred []*request, err error) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	lim := batch[0].lim
+	deferred, err = runOwn(ctx, lim.pool, lim.run(ctx, requests(batch), skip))
+	lim.metrics.batchSize(ctx, len(batch))
+	return deferred, err
+}
+
+// requests returns the requests of batch's checks.
+func requests(batch []*pending) []*request {
 	reqs := make([]*request, len(batch))
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
-	deferred, err = runOwn(ctx, lim.pool, lim.run(ctx, reqs, skip))
-	lim.metrics.batchSize(ctx, len(batch))
-	return deferred, err
+	return reqs
 }
 
 // batchContext is the context a transaction of several checks runs in: it
