@@ -42,18 +42,14 @@ func (l *Limiter) WaitN(ctx context.Context, key string, cost int64) (Result, er
 		if l.cfg.MaxWait > 0 && wake.Sub(start) > l.cfg.MaxWait {
 			return r, fmt.Errorf("%w: %s needed, Config.MaxWait is %s", ErrWaitTooLong, wake.Sub(start).Round(time.Millisecond), l.cfg.MaxWait)
 		}
-		// Jitter: up to a tenth of the wait, at most 50ms, so waiters woken
-		// by the same refill do not all retry at the same instant; never so
-		// much that the retry would come after the deadline or MaxWait
-		// (it gets at most a quarter of the time left after the wait).
-		jitter := min(r.RetryAfter/10, 50*time.Millisecond)
+		var slack []time.Duration
 		if dl, ok := ctx.Deadline(); ok {
-			jitter = min(jitter, dl.Sub(wake)/4)
+			slack = append(slack, dl.Sub(wake))
 		}
 		if l.cfg.MaxWait > 0 {
-			jitter = min(jitter, (l.cfg.MaxWait-wake.Sub(start))/4)
+			slack = append(slack, l.cfg.MaxWait-wake.Sub(start))
 		}
-		sleep := r.RetryAfter + time.Duration(rand.Int64N(int64(max(jitter, 0))+1))
+		sleep := r.RetryAfter + time.Duration(rand.Int64N(int64(maxJitter(r.RetryAfter, slack...))+1))
 		t := time.NewTimer(sleep)
 		select {
 		case <-ctx.Done():
@@ -62,4 +58,17 @@ func (l *Limiter) WaitN(ctx context.Context, key string, cost int64) (Result, er
 		case <-t.C:
 		}
 	}
+}
+
+// maxJitter is the most a retry after a wait may be delayed: up to a tenth
+// of the wait, at most 50ms, so waiters woken by the same refill do not all
+// retry at the same instant; never so much that the retry would come after
+// the deadline or MaxWait (it gets at most a quarter of each slack, the
+// time left after the wait).
+func maxJitter(wait time.Duration, slack ...time.Duration) time.Duration {
+	j := min(wait/10, 50*time.Millisecond)
+	for _, s := range slack {
+		j = min(j, s/4)
+	}
+	return max(j, 0)
 }
