@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,33 @@ func TestAllowAllBadInput(t *testing.T) {
 		require.NoError(t, tx.Rollback(ctx))
 	}
 	require.Zero(t, countRows(t, pool, "true"), "nothing written")
+}
+
+// Costs of one bucket that add up past int64 are ErrCostExceedsCapacity,
+// before any database access (regression: the sum saturated at
+// math.MaxInt64, which a Capacity of math.MaxInt64 allowed, and a row was
+// written).
+func TestAllowAllCostsPastInt64(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "huge", Capacity: math.MaxInt64, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	huge := pgratelimit.Charge{Limiter: l, Key: "k", Cost: math.MaxInt64}
+	one := pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}
+	for _, charges := range [][]pgratelimit.Charge{{huge, huge}, {huge, one}, {one, huge}} {
+		_, err := pgratelimit.AllowAll(ctx, charges...)
+		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
+		tx, terr := pool.Begin(ctx)
+		require.NoError(t, terr)
+		_, err = pgratelimit.AllowAllTx(ctx, tx, charges...)
+		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	require.Zero(t, countRows(t, pool, "true"), "nothing written")
+	m, err := pgratelimit.AllowAll(ctx, huge)
+	require.NoError(t, err)
+	require.True(t, m.Allowed, "one charge of MaxInt64 fits a bucket of MaxInt64")
 }
 
 // The same bucket listed twice adds up; durable and ephemeral buckets of the

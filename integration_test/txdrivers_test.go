@@ -190,3 +190,47 @@ func TestAllowAllInCallerTransaction(t *testing.T) {
 		})
 	}
 }
+
+// Typed errors come out the same whatever the database/sql driver: lib/pq's
+// errors are not pgx's *pgconn.PgError (regression: a missing table through
+// lib/pq was its raw 42P01 error, not ErrNotMigrated).
+func TestNotMigratedThroughEveryDriver(t *testing.T) {
+	t.Parallel()
+	s := testdb.NewEmptySchema(t)
+	pool := s.Pool(t, 0)
+	l, err := newLimiterOn(pool, validConfig)
+	require.NoError(t, err)
+	for _, d := range drivers(t, s, pool) {
+		tx := d.begin(t)
+		_, err := tx.allowN(l, "k", 1)
+		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated, d.name)
+		require.ErrorContains(t, err, "migrate", d.name)
+		require.NoError(t, tx.rollback(), d.name)
+		tx = d.begin(t)
+		_, err = tx.allowAll(pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
+		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated, d.name+" AllowAll")
+		require.NoError(t, tx.rollback(), d.name)
+	}
+}
+
+// A caller's lock_timeout is ErrLockTimeout through every driver.
+func TestLockTimeoutThroughEveryDriver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := testdb.NewSchema(t)
+	pool := s.Pool(t, 0)
+	l, err := newLimiterOn(pool, validConfig)
+	require.NoError(t, err)
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = l.AllowNTx(ctx, holder, "held", 1)
+	require.NoError(t, err)
+	for _, d := range drivers(t, s, pool) {
+		tx := d.begin(t)
+		require.NoError(t, tx.exec("SET LOCAL lock_timeout = '50ms'"), d.name)
+		_, err := tx.allowN(l, "held", 1)
+		require.ErrorIs(t, err, pgratelimit.ErrLockTimeout, d.name)
+		require.NoError(t, tx.rollback(), d.name)
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgerrcode"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Errors returned by this package. Test for them with errors.Is. Being denied
@@ -83,17 +82,26 @@ func (p policy) validateCost(cost int64) error {
 	return nil
 }
 
-// dbError maps a database error: a missing table becomes ErrNotMigrated (still
-// wrapping the original), everything else is wrapped with what was being done.
+// dbError maps a database error: a missing table becomes ErrNotMigrated and
+// a lock timeout ErrLockTimeout (both still wrapping the original), whatever
+// the driver; everything else is wrapped with what was being done.
 func dbError(op string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case pgerrcode.UndefinedTable:
-			return fmt.Errorf("%w: %s: %w", ErrNotMigrated, op, err)
-		case pgerrcode.LockNotAvailable:
-			return fmt.Errorf("%w: %s: %w", ErrLockTimeout, op, err)
-		}
+	switch sqlState(err) {
+	case pgerrcode.UndefinedTable:
+		return fmt.Errorf("%w: %s: %w", ErrNotMigrated, op, err)
+	case pgerrcode.LockNotAvailable:
+		return fmt.Errorf("%w: %s: %w", ErrLockTimeout, op, err)
 	}
 	return fmt.Errorf("pgratelimit: %s: %w", op, err)
+}
+
+// sqlState is the SQLSTATE of a database error, or "": pgx's
+// *pgconn.PgError, lib/pq's *pq.Error and other database/sql drivers'
+// errors all have a SQLState method.
+func sqlState(err error) string {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
 }

@@ -3,6 +3,7 @@ package pgratelimit
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -110,7 +111,11 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		if j == len(q.charges) {
 			q.charges = append(q.charges, charge{row: r, policy: l.p})
 		}
-		q.charges[j].cost = addSat(q.charges[j].cost, c.Cost)
+		if q.charges[j].cost > math.MaxInt64-c.Cost {
+			// Past int64, so past every capacity.
+			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to more than %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, int64(math.MaxInt64), l.p.capacity)
+		}
+		q.charges[j].cost += c.Cost
 		if q.of != nil {
 			q.of[i] = j
 		}
