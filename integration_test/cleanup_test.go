@@ -304,3 +304,21 @@ func TestCleanupBadOptions(t *testing.T) {
 	_, err = pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{StatementTimeout: -time.Second})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 }
+
+// RunOnce reports how long the run took (regression: Duration was always 0,
+// set by a deferred assignment after the result had been copied).
+func TestCleanerReportsDuration(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	insertExpired(t, pool, 2000)
+	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: 100})
+	require.NoError(t, err)
+	before := time.Now()
+	st := c.RunOnce(context.Background())
+	took := time.Since(before)
+	require.NoError(t, st.Err)
+	require.Equal(t, int64(2000), st.Deleted)
+	require.GreaterOrEqual(t, st.Batches, 20)
+	require.Positive(t, st.Duration)
+	require.LessOrEqual(t, st.Duration, took)
+}

@@ -81,8 +81,7 @@ func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions)
 	return st.Deleted, err
 }
 
-func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions, exclusive bool) (CleanupStats, error) {
-	var st CleanupStats
+func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions, exclusive bool) (st CleanupStats, err error) {
 	if pool == nil {
 		return st, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
 	}
@@ -90,7 +89,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 		return st, err
 	}
 	start := time.Now()
-	defer func() { st.Duration = time.Since(start) }()
+	defer func() { st.Duration = time.Since(start) }() // st is the named result: this sets what is returned
 	deleted := cleanupCounter(opts.MeterProvider)
 	distributed := poolStateFor(pool, 0).distributed(ctx, pool)
 	for _, table := range []string{DurableTable, EphemeralTable} {
