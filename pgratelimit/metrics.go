@@ -16,8 +16,10 @@ type instruments struct {
 	duration metric.Float64Histogram
 	batch    metric.Int64Histogram
 	// The attribute set of each result, as the option lists Add and Record
-	// take (passed whole, so a call allocates no list).
+	// take (passed whole, so a call allocates no list), and the same with
+	// pgratelimit.shadow=true for the checks of WithShadow contexts.
 	allowed, denied, errored outcome
+	shadow                   struct{ allowed, denied, errored outcome }
 }
 
 type outcome struct {
@@ -41,14 +43,25 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 		metric.WithDescription("How long a check took, from the call to its result, by limiter prefix and result."))
 	in.batch, _ = m.Int64Histogram("pgratelimit.batch.size", metric.WithUnit("{check}"),
 		metric.WithDescription("Checks per coalesced transaction."))
-	set := func(result string) outcome {
-		o := metric.WithAttributeSet(attribute.NewSet(
+	set := func(result string, extra ...attribute.KeyValue) outcome {
+		o := metric.WithAttributeSet(attribute.NewSet(append([]attribute.KeyValue{
 			attribute.String("pgratelimit.prefix", prefix),
-			attribute.String("pgratelimit.result", result)))
+			attribute.String("pgratelimit.result", result)}, extra...)...))
 		return outcome{[]metric.AddOption{o}, []metric.RecordOption{o}}
 	}
 	in.allowed, in.denied, in.errored = set("allowed"), set("denied"), set("error")
+	shadow := attribute.Bool("pgratelimit.shadow", true)
+	in.shadow.allowed, in.shadow.denied, in.shadow.errored = set("allowed", shadow), set("denied", shadow), set("error", shadow)
 	return in
+}
+
+// outcomes are the attribute sets of a check made with ctx: the shadow ones
+// for a WithShadow context.
+func (in *instruments) outcomes(ctx context.Context) (allowed, denied, errored outcome) {
+	if isShadow(ctx) {
+		return in.shadow.allowed, in.shadow.denied, in.shadow.errored
+	}
+	return in.allowed, in.denied, in.errored
 }
 
 func (in *instruments) batchSize(ctx context.Context, n int) {
@@ -56,20 +69,20 @@ func (in *instruments) batchSize(ctx context.Context, n int) {
 }
 
 // record counts a finished call: one check per charge, each recorded by its
-// own limiter.
+// own limiter, with pgratelimit.shadow=true when ctx comes from WithShadow.
 // (A context that has ended does not stop a measurement: the API records
 // regardless of it.)
 func record(ctx context.Context, start time.Time, m MultiResult, err error, charges []Charge) {
 	secs := time.Since(start).Seconds()
 	for _, c := range charges {
 		in := c.Limiter.metrics
-		attrs := in.errored
+		allowed, denied, attrs := in.outcomes(ctx)
 		switch {
 		case err != nil:
 		case m.Allowed:
-			attrs = in.allowed
+			attrs = allowed
 		default:
-			attrs = in.denied
+			attrs = denied
 		}
 		in.checks.Add(ctx, 1, attrs.add...)
 		in.duration.Record(ctx, secs, attrs.record...)
@@ -81,9 +94,10 @@ func record(ctx context.Context, start time.Time, m MultiResult, err error, char
 func recordInvalid(ctx context.Context, start time.Time, charges []Charge) {
 	secs := time.Since(start).Seconds()
 	for _, c := range charges {
-		if in := c.Limiter; in != nil {
-			in.metrics.checks.Add(ctx, 1, in.metrics.errored.add...)
-			in.metrics.duration.Record(ctx, secs, in.metrics.errored.record...)
+		if l := c.Limiter; l != nil {
+			_, _, errored := l.metrics.outcomes(ctx)
+			l.metrics.checks.Add(ctx, 1, errored.add...)
+			l.metrics.duration.Record(ctx, secs, errored.record...)
 		}
 	}
 }
