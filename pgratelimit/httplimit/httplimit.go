@@ -37,14 +37,31 @@
 // Keys are stored in plain text in the bucket table: KeyByHeader hashes the
 // header value, and a custom KeyFunc should hash anything secret too.
 //
-// # Failures
+// # Failures and timeouts
 //
 // When the database fails, the middleware fails closed (503) by default, or
 // open (the request goes through, without rate-limit headers) with
-// Options.FailOpen; either way the error is logged.
+// Options.FailOpen; either way the error is logged. Each check is bounded by
+// Options.CheckTimeout (DefaultCheckTimeout unless set), so a database that
+// accepts connections and never answers costs a request at most that long
+// before it fails closed or open: the bound covers taking a connection from
+// the pool, connecting, and the check's statements.
+//
+// # Shadow mode
+//
+// With Options.Shadow a limit is rolled out without being enforced: every
+// request is checked as it would be (an allowed check takes its tokens, a
+// would-be denial writes nothing), each would-be denial is logged at Warn
+// with the key, the limiter's prefix and the retry delay, the checks are
+// counted in pgratelimit.checks with pgratelimit.shadow=true (see
+// pgratelimit.WithShadow), and every request goes on to the next handler,
+// without rate-limit headers: clients see nothing of a shadowed limit, not
+// even when the database fails or a request has no key. Read the counts,
+// then enforce (docs/shadow-mode.md in the repository has the queries).
 package httplimit
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -100,8 +117,26 @@ type Options struct {
 	// X-RateLimit-Reset (seconds until full). Defaults to false.
 	LegacyHeaders bool
 
-	// Logger receives database errors. Defaults to slog.Default().
+	// Logger receives database errors and, in shadow mode, the would-be
+	// denials. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Shadow checks every request but denies none: would-be denials are
+	// logged (Warn) and counted with pgratelimit.shadow=true, and every
+	// request goes through without rate-limit headers, whatever the check
+	// says, also when it fails or the request has no key (logged too). Use
+	// it to roll a new limit out: shadow first, read the would-be denials,
+	// then enforce. Defaults to false: enforce.
+	Shadow bool
+
+	// CheckTimeout bounds each check, from taking a database connection to
+	// the answer: a check that takes longer fails with
+	// context.DeadlineExceeded and the request fails closed (503) or open
+	// (Options.FailOpen), so a database that accepts connections and never
+	// answers cannot hold requests. The request's own context still applies
+	// when it ends sooner. Defaults to DefaultCheckTimeout; a negative value
+	// sets no bound but the request's context.
+	CheckTimeout time.Duration
 
 	// Limiters, when set, picks the limiters a request is checked against,
 	// given its key (e.g. a plan looked up from the API key: free or pro),
@@ -109,6 +144,11 @@ type Options struct {
 	// answered by ErrorHandler. Defaults to nil: the limiters given.
 	Limiters func(r *http.Request, key string) ([]*pgratelimit.Limiter, error)
 }
+
+// DefaultCheckTimeout is the bound on each check when Options.CheckTimeout
+// is zero: far above a healthy check (a millisecond or a few), well below
+// the timeouts of clients and load balancers.
+const DefaultCheckTimeout = 2 * time.Second
 
 // Middleware returns middleware that checks every request against l before
 // passing it on. See the package doc for headers, keys and failures.
@@ -141,17 +181,31 @@ func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Hand
 	if pick == nil {
 		pick = func(*http.Request, string) ([]*pgratelimit.Limiter, error) { return limiters, nil }
 	}
+	if opts.CheckTimeout == 0 {
+		opts.CheckTimeout = DefaultCheckTimeout
+	}
 
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx := r.Context()
+			// refuse answers a request that could not be checked, or passes
+			// it on in shadow mode.
+			refuse := func(err error) {
+				if opts.Shadow {
+					opts.Logger.WarnContext(ctx, "httplimit: shadow: request not checked", "error", err)
+					next.ServeHTTP(w, r)
+					return
+				}
+				opts.ErrorHandler(w, r, err)
+			}
 			key, err := opts.KeyFunc(r)
 			if err != nil {
-				opts.ErrorHandler(w, r, err)
+				refuse(err)
 				return
 			}
 			ls, err := pick(r, key)
 			if err != nil {
-				opts.ErrorHandler(w, r, err)
+				refuse(err)
 				return
 			}
 			cost := int64(1)
@@ -162,44 +216,106 @@ func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Hand
 			for i, l := range ls {
 				charges[i] = pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}
 			}
-			res, err := pgratelimit.AllowAll(r.Context(), charges...)
+			res, err := check(ctx, opts.Shadow, opts.CheckTimeout, charges)
 			if err != nil {
 				if isInputError(err) {
-					opts.ErrorHandler(w, r, err)
+					refuse(err)
 					return
 				}
-				opts.Logger.ErrorContext(r.Context(), "httplimit: rate-limit check failed", "error", err, "fail_open", opts.FailOpen)
-				if opts.FailOpen {
+				opts.Logger.ErrorContext(ctx, "httplimit: rate-limit check failed", "error", err, "fail_open", opts.FailOpen || opts.Shadow)
+				if opts.FailOpen || opts.Shadow {
 					next.ServeHTTP(w, r)
 				} else {
 					opts.ErrorHandler(w, r, err)
 				}
 				return
 			}
-			h := w.Header()
-			policies := make([]string, len(ls))
-			for i, l := range ls {
-				cfg := l.Config()
-				policies[i] = fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(window(cfg)))
+			if opts.Shadow {
+				if !res.Allowed {
+					logShadowDenial(ctx, opts.Logger, key, ls, res)
+				}
+				next.ServeHTTP(w, r)
+				return
 			}
-			i := closest(res)
-			top, name := res.Results[i], sfString(ls[i].Config().Prefix)
-			reset := ceilSeconds(top.ResetAfter)
-			h.Set("RateLimit-Policy", strings.Join(policies, ", "))
-			h.Set("RateLimit", fmt.Sprintf("%s;r=%d;t=%d", name, sfInt(top.Remaining), sfInt(reset)))
+			f := FieldsFor(ls, res)
+			h := w.Header()
+			h.Set("RateLimit-Policy", f.Policy)
+			h.Set("RateLimit", f.RateLimit)
 			if opts.LegacyHeaders {
+				top := res.Results[closest(res)]
 				h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
 				h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
-				h.Set("X-RateLimit-Reset", strconv.FormatInt(reset, 10))
+				h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(top.ResetAfter), 10))
 			}
 			if !res.Allowed {
-				h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10))
+				h.Set("Retry-After", f.RetryAfter)
 				opts.DeniedHandler.ServeHTTP(w, r)
 				return
 			}
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// check runs the charges with ctx bounded by timeout (when > 0), as a shadow
+// check when shadow is set.
+func check(ctx context.Context, shadow bool, timeout time.Duration, charges []pgratelimit.Charge) (pgratelimit.MultiResult, error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	if shadow {
+		ctx = pgratelimit.WithShadow(ctx)
+	}
+	return pgratelimit.AllowAll(ctx, charges...)
+}
+
+// Fields are the rate-limit fields of the answer to a check, as Middleware
+// sends them (see the package doc). They are exported for adapters of other
+// protocols (the gRPC and Connect interceptors of this repository send them
+// as response metadata), so that every transport reports a limit alike.
+type Fields struct {
+	// Policy is the value of RateLimit-Policy: every limiter's policy, in
+	// the order given.
+	Policy string
+	// RateLimit is the value of RateLimit: the policy that denied the check
+	// (the longest wait) or, when allowed, the one with the smallest share
+	// of its quota left.
+	RateLimit string
+	// RetryAfter is the value of Retry-After for a denied check: whole
+	// seconds, rounded up, at least 1. Empty when the check was allowed.
+	RetryAfter string
+}
+
+// FieldsFor returns the fields of the answer to a check of limiters (in the
+// order charged, as given to pgratelimit.AllowAll) that gave res.
+func FieldsFor(limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) Fields {
+	policies := make([]string, len(limiters))
+	for i, l := range limiters {
+		cfg := l.Config()
+		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(window(cfg)))
+	}
+	i := closest(res)
+	top := res.Results[i]
+	f := Fields{
+		Policy:    strings.Join(policies, ", "),
+		RateLimit: fmt.Sprintf("%s;r=%d;t=%d", sfString(limiters[i].Config().Prefix), sfInt(top.Remaining), sfInt(ceilSeconds(top.ResetAfter))),
+	}
+	if !res.Allowed {
+		f.RetryAfter = strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10)
+	}
+	return f
+}
+
+// logShadowDenial logs, at Warn, that a shadow check of key would have been
+// denied: the key as given (hashed by KeyByHeader), the prefix of the limiter
+// that denied it (the longest wait) and the retry delay.
+func logShadowDenial(ctx context.Context, logger *slog.Logger, key string, limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) {
+	logger.WarnContext(ctx, "httplimit: shadow: would deny",
+		"key", key,
+		"prefix", limiters[closest(res)].Config().Prefix,
+		"retry_after", res.RetryAfter)
 }
 
 // closest is the index of the policy that RateLimit reports: when denied, the
@@ -309,19 +425,29 @@ type IPKeyConfig struct {
 // "ip:NETWORK/BITS" with IPv6Prefix).
 func KeyByIP(cfg IPKeyConfig) KeyFunc {
 	return func(r *http.Request) (string, error) {
-		ip, err := ClientIP(r, cfg.TrustedProxies)
-		if err != nil {
-			return "", err
-		}
-		if ip.Is6() && cfg.IPv6Prefix > 0 && cfg.IPv6Prefix < 128 {
-			p, err := ip.Prefix(cfg.IPv6Prefix)
-			if err != nil {
-				return "", fmt.Errorf("%w: %v", ErrNoKey, err)
-			}
-			return "ip:" + p.String(), nil
-		}
-		return "ip:" + ip.String(), nil
+		return cfg.Key(r.RemoteAddr, r.Header.Values("X-Forwarded-For"))
 	}
+}
+
+// Key returns the key KeyByIP gives a request whose direct peer is peer
+// ("ip", "ip:port" or "[ipv6]:port") and whose X-Forwarded-For fields, in
+// the order received, are forwardedFor. It is exported for adapters of other
+// transports (the gRPC and Connect interceptors of this repository key by
+// peer with it, reading x-forwarded-for metadata), so that a client has the
+// same bucket whichever way it comes in. An unparsable peer is ErrNoKey.
+func (c IPKeyConfig) Key(peer string, forwardedFor []string) (string, error) {
+	ip, err := clientAddr(peer, forwardedFor, c.TrustedProxies)
+	if err != nil {
+		return "", err
+	}
+	if ip.Is6() && c.IPv6Prefix > 0 && c.IPv6Prefix < 128 {
+		p, err := ip.Prefix(c.IPv6Prefix)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", ErrNoKey, err)
+		}
+		return "ip:" + p.String(), nil
+	}
+	return "ip:" + ip.String(), nil
 }
 
 // ClientIP returns the address of the client that sent r: the direct peer,
@@ -329,9 +455,13 @@ func KeyByIP(cfg IPKeyConfig) KeyFunc {
 // X-Forwarded-For that is not a trusted proxy. An entry that does not parse
 // stops the walk at the last trusted hop, which is then taken as the client.
 func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
-	peer, err := parseAddr(r.RemoteAddr)
+	return clientAddr(r.RemoteAddr, r.Header.Values("X-Forwarded-For"), trusted)
+}
+
+func clientAddr(remote string, forwardedFor []string, trusted []netip.Prefix) (netip.Addr, error) {
+	peer, err := parseAddr(remote)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("%w: remote address %q", ErrNoKey, r.RemoteAddr)
+		return netip.Addr{}, fmt.Errorf("%w: remote address %q", ErrNoKey, remote)
 	}
 	isTrusted := func(a netip.Addr) bool {
 		for _, p := range trusted {
@@ -346,7 +476,7 @@ func ClientIP(r *http.Request, trusted []netip.Prefix) (netip.Addr, error) {
 		return client, nil
 	}
 	var hops []string
-	for _, v := range r.Header.Values("X-Forwarded-For") {
+	for _, v := range forwardedFor {
 		hops = append(hops, strings.Split(v, ",")...)
 	}
 	for i := len(hops) - 1; i >= 0; i-- {
