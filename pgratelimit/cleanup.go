@@ -91,12 +91,12 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }() // st is the named result: this sets what is returned
 	deleted := cleanupCounter(opts.MeterProvider)
-	distributed := poolStateFor(pool, 0).distributed(ctx, pool)
+	d, err := detectDialect(ctx, pool) // once per run: tables may have been distributed since
+	if err != nil {
+		return st, err
+	}
 	for _, table := range []string{DurableTable, EphemeralTable} {
-		del := deleteLocal(table)
-		if distributed {
-			del = deleteDistributed(table)
-		}
+		del := d.deleter(table)
 		for {
 			if err := ctx.Err(); err != nil {
 				return st, err
@@ -127,43 +127,6 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 // deleter deletes one batch of expired rows in tx: how many, and whether
 // there may be more.
 type deleter func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (n int64, more bool, err error)
-
-// deleteLocal deletes a batch of a plain table: the oldest expired rows that
-// no check holds.
-func deleteLocal(table string) deleter {
-	t := pgx.Identifier{table}.Sanitize()
-	del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + t + ` WHERE expires_at <= COALESCE($1::timestamptz, now())
-	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
-	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
-		tag, err := tx.Exec(ctx, del, now, batchSize)
-		n := tag.RowsAffected()
-		return n, n >= int64(batchSize), err
-	}
-}
-
-// deleteDistributed deletes a batch of a distributed table (Citus): the same
-// DELETE on every shard, run there by run_command_on_shards, since Citus
-// cannot lock rows by ctid across shards. The time is the coordinator's.
-func deleteDistributed(table string) deleter {
-	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
-       coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
-       coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
-FROM run_command_on_shards($1::regclass, format(
-  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE expires_at <= %L ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))',
-  COALESCE($2::timestamptz, now()), $3::int))`
-	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
-		var n, most int64
-		var failed string
-		if err := tx.QueryRow(ctx, del, table, now, batchSize).Scan(&n, &most, &failed); err != nil {
-			return 0, false, err
-		}
-		if failed != "" {
-			return n, false, fmt.Errorf("on some shards: %s", failed)
-		}
-		return n, most >= int64(batchSize), nil
-	}
-}
 
 // deleteBatch runs one batch transaction. When exclusive, it first takes the
 // cleanup advisory lock for the transaction and reports locked == false,

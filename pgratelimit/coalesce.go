@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Coalescing: checks that arrive through the limiters of one pool while its
@@ -38,18 +40,11 @@ const (
 	queueFactor = 4
 )
 
-// group is what the checks of one transaction must share: the clock and the
-// transaction settings of their limiters.
-type group struct {
-	clock       *Limiter // whose Config.Clock; nil: the database's
-	lockTimeout time.Duration
-	async       bool
-}
-
+// pending is a check in the coalescer, until it is decided (done).
 type pending struct {
 	req  *request
-	lim  *Limiter // the first charge's: pool, clock, settings
-	grp  group
+	set  settings     // the first charge's limiter's
+	in   *instruments // records the size of its batch
 	rows []row
 	done chan struct{}
 }
@@ -65,6 +60,10 @@ type lane struct {
 }
 
 type coalescer struct {
+	pool *pgxpool.Pool
+	// goroutines counts the batch and lane goroutines, for Client.Close.
+	goroutines sync.WaitGroup
+
 	mu       sync.Mutex
 	slots    int // batches in flight at most
 	busy     int // batches in flight
@@ -72,21 +71,19 @@ type coalescer struct {
 	inflight map[row]int   // rows of the batches in flight
 	parked   map[row]*lane // each row's last lane
 	lanes    chan struct{} // lane transactions in flight, at most cap(lanes)
-	// oneRow makes every batch the checks of one row (Citus: a
-	// transaction over several shards would need two-phase commit).
-	oneRow bool
 }
 
 // newCoalescer returns a coalescer that runs up to slots batches at once on
-// a pool of maxConns connections.
-func newCoalescer(slots, maxConns int) *coalescer {
+// pool.
+func newCoalescer(pool *pgxpool.Pool, slots int) *coalescer {
 	return &coalescer{
+		pool:     pool,
 		slots:    slots,
 		inflight: make(map[row]int),
 		parked:   make(map[row]*lane),
 		// Lanes wait for row locks on connections of their own: leave the
 		// batches theirs.
-		lanes: make(chan struct{}, max(maxConns-slots, 1)),
+		lanes: make(chan struct{}, max(int(pool.Config().MaxConns)-slots, 1)),
 	}
 }
 
@@ -99,28 +96,26 @@ func (c *coalescer) atLeast(slots int) {
 
 // do runs q through the coalescer and returns its outcome, or ctx's error as
 // soon as q's context ends.
-func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
-	p := &pending{req: q, lim: lim, grp: lim.group(), rows: q.rows(), done: make(chan struct{})}
+func (c *coalescer) do(q *request, set settings, in *instruments) (MultiResult, error) {
+	p := &pending{req: q, set: set, in: in, rows: q.rows(), done: make(chan struct{})}
 	c.mu.Lock()
 	switch {
 	case len(c.queue) > 0:
 		if len(c.queue) >= c.slots*maxBatch*queueFactor {
 			c.mu.Unlock()
-			return runAlone(p)
+			return runAlone(c.pool, q, set, "check")
 		}
 		c.queue = append(c.queue, p)
 		// The queue may hold only checks whose rows are in a batch in
 		// flight: with a slot free, p need not wait for that batch.
 		var next [][]*pending
 		if c.busy < c.slots && !c.anyInflight(p.rows) {
-			next = c.formBatches()
+			next = c.formBatchesLocked()
 		}
 		c.mu.Unlock()
-		for _, b := range next {
-			go c.work(b)
-		}
+		c.workAll(next)
 	case c.anyParked(p.rows):
-		c.park(p)
+		c.parkLocked(p)
 		c.mu.Unlock()
 	case c.busy < c.slots && !c.anyInflight(p.rows):
 		// A free slot and nobody waiting: a batch of one, at once, on this
@@ -128,9 +123,7 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 		c.busy++
 		c.markInflight(p.rows, 1)
 		c.mu.Unlock()
-		for _, b := range c.runBatch([]*pending{p}, false) {
-			go c.work(b)
-		}
+		c.workAll(c.runBatch([]*pending{p}, false))
 	default:
 		c.queue = append(c.queue, p)
 		c.mu.Unlock()
@@ -153,13 +146,13 @@ func (c *coalescer) do(q *request, lim *Limiter) (MultiResult, error) {
 	}
 }
 
-// runAlone runs p in a transaction of its own that waits for its rows.
-func runAlone(p *pending) (MultiResult, error) {
-	_, err := runOwn(p.req.ctx, p.lim.pool, p.lim.run(p.req.ctx, []*request{p.req}, false))
-	if err != nil {
-		return MultiResult{}, dbError("check", err)
+// runAlone runs q in a transaction of its own that waits for its rows; op
+// names it in errors.
+func runAlone(pool *pgxpool.Pool, q *request, set settings, op string) (MultiResult, error) {
+	if _, err := runOwn(q.ctx, pool, newPlan([]*request{q}, set, true, waitLocks)); err != nil {
+		return MultiResult{}, dbError(op, err)
 	}
-	return p.req.out, ctxErrIfUndecided(p.req)
+	return q.out, ctxErrIfUndecided(q)
 }
 
 func (c *coalescer) anyParked(rows []row) bool {
@@ -178,6 +171,13 @@ func (c *coalescer) markInflight(rows []row, d int) {
 	}
 }
 
+// workAll runs each of batches on a goroutine of its own.
+func (c *coalescer) workAll(batches [][]*pending) {
+	for _, b := range batches {
+		c.goroutines.Go(func() { c.work(b) })
+	}
+}
+
 // work runs batch, then the batches that follow it while there are any; it
 // starts goroutines only for batches beyond the first (a goroutine that runs
 // batch after batch keeps the stack the engine needs).
@@ -185,12 +185,9 @@ func (c *coalescer) work(batch []*pending) {
 	for batch != nil {
 		next := c.runBatch(batch, true)
 		batch = nil
-		for i, b := range next {
-			if i == 0 {
-				batch = b
-			} else {
-				go c.work(b)
-			}
+		if len(next) > 0 {
+			batch = next[0]
+			c.workAll(next[1:])
 		}
 	}
 }
@@ -201,49 +198,67 @@ func (c *coalescer) work(batch []*pending) {
 // batch, while each finds a full batch waiting. It returns the batches that
 // may start once it is done.
 func (c *coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
-	type running struct {
-		batch  []*pending
-		ctx    context.Context
-		cancel context.CancelFunc
-	}
-	runs := make(map[*txRun]running, 2)
-	start := func(batch []*pending) link {
-		ctx, cancel := batchContext(batch)
-		t := batch[0].lim.run(ctx, requests(batch), true)
-		runs[t] = running{batch, ctx, cancel}
-		return link{ctx, t}
-	}
-	next := func(after *txRun, deferred []*request) (link, bool) {
-		// Not after a batch that deferred checks: they are parked once it
-		// ends, and later checks of their rows must queue behind them.
-		if !chain || len(deferred) > 0 {
-			return link{}, false
-		}
-		c.mu.Lock()
-		var b []*pending
-		// Only when a batch as big as this one waits: else the checks
-		// queued so far are better off in a bigger batch later.
-		if len(c.queue) >= len(runs[after].batch) {
-			b = c.form(runs[after].batch)
-		}
-		c.mu.Unlock()
-		if len(b) == 0 {
-			return link{}, false
-		}
-		return start(b), true
-	}
-	runChain(batch[0].lim.pool, start(batch), next, func(t *txRun, deferred []*request, err error) {
-		r := runs[t]
-		delete(runs, t)
-		r.batch[0].lim.metrics.batchSize(r.ctx, len(r.batch))
-		r.cancel()
-		c.finish(r.batch, deferred, err)
-	})
+	bc := &batchChain{c: c, chain: chain, runs: make(map[*plan]running, 2)}
+	first, ctx := bc.start(batch)
+	runChain(ctx, c.pool, first, bc)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.busy--
-	return c.formBatches()
+	return c.formBatchesLocked()
+}
+
+// batchChain is the chain of one slot's batches (see runChain): it forms
+// the next batch from the queue and delivers each one's outcomes.
+type batchChain struct {
+	c     *coalescer
+	chain bool // let batches follow the first
+	runs  map[*plan]running
+}
+
+// running is a batch in a chain, with the context it runs in.
+type running struct {
+	batch  []*pending
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// start plans batch as a transaction that skips locked rows.
+func (bc *batchChain) start(batch []*pending) (*plan, context.Context) {
+	ctx, cancel := batchContext(batch)
+	p := newPlan(requests(batch), batch[0].set, true, skipLocked)
+	bc.runs[p] = running{batch, ctx, cancel}
+	return p, ctx
+}
+
+// next is the batch that follows after on its connection: none after a
+// batch that deferred checks (they are parked once it ends, and later checks
+// of their rows must queue behind them), and none unless a batch as big as
+// after waits (else the checks queued so far are better off in a bigger
+// batch later).
+func (bc *batchChain) next(after *plan, deferred []*request) (*plan, context.Context) {
+	if !bc.chain || len(deferred) > 0 {
+		return nil, nil
+	}
+	c := bc.c
+	c.mu.Lock()
+	var b []*pending
+	if len(c.queue) >= len(bc.runs[after].batch) {
+		b = c.formLocked(bc.runs[after].batch)
+	}
+	c.mu.Unlock()
+	if len(b) == 0 {
+		return nil, nil
+	}
+	return bc.start(b)
+}
+
+func (bc *batchChain) done(p *plan, deferred []*request, err error) {
+	r := bc.runs[p]
+	delete(bc.runs, p)
+	r.batch[0].in.batchSize(r.ctx, len(r.batch))
+	r.cancel()
+	bc.c.finish(r.batch, deferred, err)
 }
 
 // finish delivers the outcomes of batch's checks, parks the deferred ones,
@@ -255,7 +270,7 @@ func (c *coalescer) finish(batch []*pending, deferred []*request, err error) {
 		c.markInflight(p.rows, -1)
 		switch {
 		case slices.Contains(deferred, p.req):
-			c.park(p)
+			c.parkLocked(p)
 			continue
 		case err != nil:
 			p.req.err = dbError("coalesced check", err)
@@ -264,11 +279,11 @@ func (c *coalescer) finish(batch []*pending, deferred []*request, err error) {
 	}
 }
 
-// formBatches takes batches off the queue while slots are free.
-func (c *coalescer) formBatches() [][]*pending {
+// formBatchesLocked takes batches off the queue while slots are free.
+func (c *coalescer) formBatchesLocked() [][]*pending {
 	var out [][]*pending
 	for c.busy < c.slots && len(c.queue) > 0 {
-		b := c.form(nil)
+		b := c.formLocked(nil)
 		if len(b) == 0 {
 			break
 		}
@@ -278,11 +293,11 @@ func (c *coalescer) formBatches() [][]*pending {
 	return out
 }
 
-// form takes the next batch off the queue: checks in arrival order, of one
+// formLocked takes the next batch off the queue: checks in arrival order, of one
 // group, none sharing a row with a batch in flight (but after, the batch it
 // follows on one connection, see runChain) or with a check left queued
 // before it. Checks of parked rows join their lanes.
-func (c *coalescer) form(after []*pending) []*pending {
+func (c *coalescer) formLocked(after []*pending) []*pending {
 	var batch, keep []*pending
 	held := make(map[row]bool)
 	mine := make(map[row]bool) // rows this batch's checks may share
@@ -299,10 +314,10 @@ func (c *coalescer) form(after []*pending) []*pending {
 		switch {
 		case slices.ContainsFunc(p.rows, func(r row) bool { return held[r] }):
 		case c.anyParked(p.rows):
-			c.park(p)
+			c.parkLocked(p)
 			continue
 		case !slices.ContainsFunc(p.rows, func(r row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
-			(len(batch) == 0 || p.grp == batch[0].grp && (!c.oneRow || slices.Equal(p.rows, batch[0].rows))):
+			(len(batch) == 0 || p.set == batch[0].set && (!p.set.dialect.oneRowBatches() || slices.Equal(p.rows, batch[0].rows))):
 			batch = append(batch, p)
 			for _, r := range p.rows {
 				mine[r] = true
@@ -322,16 +337,17 @@ func (c *coalescer) form(after []*pending) []*pending {
 	return batch
 }
 
-// park puts p in a lane behind the lanes of its rows: it joins the last one
-// if that has not started and is for p's one row, else a new lane starts.
-func (c *coalescer) park(p *pending) {
+// parkLocked puts p in a lane behind the lanes of its rows: it joins the
+// last one if that has not started and is for p's one row, else a new lane
+// starts.
+func (c *coalescer) parkLocked(p *pending) {
 	var deps []*lane
 	for _, r := range p.rows {
 		if ln := c.parked[r]; ln != nil && !slices.Contains(deps, ln) {
 			deps = append(deps, ln)
 		}
 	}
-	if len(deps) == 1 && !deps[0].started && len(p.rows) == 1 && len(deps[0].rows) == 1 && deps[0].reqs[0].grp == p.grp {
+	if len(deps) == 1 && !deps[0].started && len(p.rows) == 1 && len(deps[0].rows) == 1 && deps[0].reqs[0].set == p.set {
 		deps[0].reqs = append(deps[0].reqs, p)
 		return
 	}
@@ -339,7 +355,7 @@ func (c *coalescer) park(p *pending) {
 	for _, r := range p.rows {
 		c.parked[r] = ln
 	}
-	go c.runLane(ln)
+	c.goroutines.Go(func() { c.runLane(ln) })
 }
 
 // runLane waits for the lanes before ln, then runs its checks in one
@@ -354,7 +370,10 @@ func (c *coalescer) runLane(ln *lane) {
 	batch := ln.reqs
 	c.mu.Unlock()
 
-	_, err := runTogether(batch, false)
+	ctx, cancel := batchContext(batch)
+	_, err := runOwn(ctx, c.pool, newPlan(requests(batch), batch[0].set, true, waitLocks))
+	batch[0].in.batchSize(ctx, len(batch))
+	cancel()
 	<-c.lanes
 
 	c.mu.Lock()
@@ -371,17 +390,6 @@ func (c *coalescer) runLane(ln *lane) {
 		close(p.done)
 	}
 	close(ln.done)
-}
-
-// runTogether runs batch in one transaction of its own, with the first
-// check's limiter's clock and settings, and records its size.
-func runTogether(batch []*pending, skip bool) (deferred []*request, err error) {
-	ctx, cancel := batchContext(batch)
-	defer cancel()
-	lim := batch[0].lim
-	deferred, err = runOwn(ctx, lim.pool, lim.run(ctx, requests(batch), skip))
-	lim.metrics.batchSize(ctx, len(batch))
-	return deferred, err
 }
 
 // requests returns the requests of batch's checks.

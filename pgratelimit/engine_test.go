@@ -69,12 +69,12 @@ func TestBatchEqualsOneByOne(t *testing.T) {
 		for _, spec := range specs {
 			reqs = append(reqs, mkRequest(batched, spec))
 		}
-		if _, err := runOwn(ctx, batched[0].pool, batched[0].run(ctx, reqs, false)); err != nil {
+		if _, err := runOwn(ctx, batched[0].client.pool, planOf(t, batched[0], reqs, waitLocks)); err != nil {
 			t.Fatal(err)
 		}
 		for i, spec := range specs {
 			want := mkRequest(single, spec)
-			if _, err := runOwn(ctx, single[0].pool, single[0].run(ctx, []*request{want}, false)); err != nil {
+			if _, err := runOwn(ctx, single[0].client.pool, planOf(t, single[0], []*request{want}, waitLocks)); err != nil {
 				t.Fatal(err)
 			}
 			if reqs[i].err != nil || !reflect.DeepEqual(reqs[i].out, want.out) {
@@ -114,7 +114,7 @@ func TestCancelledMemberSpendsNothing(t *testing.T) {
 		return q
 	}
 	reqs := []*request{mk(ctx, "k", 1), mk(dead, "k", 50), mk(dead, "new", 1), mk(ctx, "k", 2)}
-	if _, err := runOwn(ctx, pool, l.run(ctx, reqs, true)); err != nil {
+	if _, err := runOwn(ctx, pool, planOf(t, l, reqs, skipLocked)); err != nil {
 		t.Fatal(err)
 	}
 	if !errors.Is(reqs[1].err, context.Canceled) || !errors.Is(reqs[2].err, context.Canceled) || reqs[0].err != nil || reqs[3].err != nil {
@@ -140,7 +140,7 @@ func TestQueuedCallerLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	co := l.shared.co
+	co := l.client.co
 	co.mu.Lock()
 	co.busy = co.slots // hold every slot so checks queue
 	co.mu.Unlock()
@@ -221,7 +221,7 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	if poolStateFor(pool, 0).distributed(ctx, pool) {
+	if onCitus(t, pool) {
 		t.Skip("distributed tables take one-row statements only")
 	}
 	tx, err := pool.Begin(ctx)
@@ -229,9 +229,11 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	set := (&txRun{skip: true}).settings(true)
-	if _, err := tx.Exec(ctx, setConfigSQL(len(set)/2), set...); err != nil {
-		t.Fatal(err)
+	set := (&attempt{plan: &plan{shape: arrays{}}, mode: skipLocked}).settingPairs()
+	for _, s := range (postgres{}).set(set) {
+		if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+			t.Fatal(err)
+		}
 	}
 	const rows, times = `'{p,p}', '{a,b}'`, `'{"2026-01-01 00:00:00Z","2026-01-01 00:00:00Z"}'`
 	const horizons = `'{"1 hours 0 seconds","1 hours 0 seconds"}', NULL`
@@ -241,11 +243,11 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 			name, sql, args string
 			lookups         bool
 		}{
-			{"insert", sql.insert, rows + ", " + horizons, false},
-			{"lock", sql.lock, rows + ", NULL", true},
-			{"lockSkip", sql.lockSkip, rows + ", NULL", true},
-			{"relock", sql.relock, rows + ", " + horizons, false},
-			{"update", sql.update, rows + ", '{1,2}', " + times + ", " + times, true},
+			{"insert", sql.many.insert, rows + ", " + horizons, false},
+			{"lock", sql.many.lock, rows + ", NULL", true},
+			{"lockSkip", sql.many.lockSkip, rows + ", NULL", true},
+			{"relock", sql.many.relock, rows + ", " + horizons, false},
+			{"update", sql.many.update, rows + ", '{1,2}', " + times + ", " + times, true},
 		} {
 			name := fmt.Sprintf("s%d_%d", s, i)
 			if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+c.sql); err != nil {
@@ -279,26 +281,66 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 	}
 }
 
+// link is a transaction of a chain in a test, and the context it runs in.
+type link struct {
+	ctx context.Context
+	p   *plan
+}
+
+// testChain is a chain of given links that records each one's outcome.
+type testChain struct {
+	t        *testing.T
+	links    []link
+	i        int
+	order    []*plan
+	deferred [][]*request
+	errs     []error
+}
+
+func (c *testChain) next(after *plan, _ []*request) (*plan, context.Context) {
+	if after != c.links[c.i].p {
+		c.t.Fatalf("next called after plan %p, want link %d", after, c.i)
+	}
+	c.i++
+	if c.i == len(c.links) {
+		return nil, nil
+	}
+	return c.links[c.i].p, c.links[c.i].ctx
+}
+
+func (c *testChain) done(p *plan, d []*request, err error) {
+	c.order = append(c.order, p)
+	c.deferred = append(c.deferred, d)
+	c.errs = append(c.errs, err)
+}
+
 // chainOf runs links as one chain and returns, for each link in the order
 // done was called, its deferred requests and error.
-func chainOf(t *testing.T, pool *pgxpool.Pool, links []link) (order []*txRun, deferred [][]*request, errs []error) {
+func chainOf(t *testing.T, pool *pgxpool.Pool, links []link) (order []*plan, deferred [][]*request, errs []error) {
 	t.Helper()
-	i := 0
-	runChain(pool, links[0], func(after *txRun, _ []*request) (link, bool) {
-		if after != links[i].t {
-			t.Fatalf("next called after link %p, want link %d", after, i)
-		}
-		i++
-		if i == len(links) {
-			return link{}, false
-		}
-		return links[i], true
-	}, func(t *txRun, d []*request, err error) {
-		order = append(order, t)
-		deferred = append(deferred, d)
-		errs = append(errs, err)
-	})
-	return order, deferred, errs
+	c := &testChain{t: t, links: links}
+	runChain(links[0].ctx, pool, links[0].p, c)
+	return c.order, c.deferred, c.errs
+}
+
+// planOf plans reqs as l's own transaction in mode.
+func planOf(t *testing.T, l *Limiter, reqs []*request, mode lockMode) *plan {
+	t.Helper()
+	d, err := l.client.dialect(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newPlan(reqs, l.settings(d), true, mode)
+}
+
+// onCitus says whether pool's bucket tables are distributed.
+func onCitus(t *testing.T, pool *pgxpool.Pool) bool {
+	t.Helper()
+	d, err := detectDialect(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.kind() == Citus
 }
 
 // Transactions chained on one connection, each sharing rows with the one
@@ -335,19 +377,19 @@ func TestChainEqualsOneByOne(t *testing.T) {
 			reqs = append(reqs, mk(chained, k))
 		}
 		keys = append(keys, ks)
-		links = append(links, link{ctx, chained.run(ctx, reqs, true)})
+		links = append(links, link{ctx, planOf(t, chained, reqs, skipLocked)})
 	}
-	order, deferred, errs := chainOf(t, chained.pool, links)
+	order, deferred, errs := chainOf(t, chained.client.pool, links)
 	if len(order) != len(links) {
 		t.Fatalf("done called %d times for %d links", len(order), len(links))
 	}
 	for i, ln := range links {
-		if order[i] != ln.t || errs[i] != nil || len(deferred[i]) != 0 {
-			t.Fatalf("link %d: done in order %v, err %v, deferred %d", i, order[i] == ln.t, errs[i], len(deferred[i]))
+		if order[i] != ln.p || errs[i] != nil || len(deferred[i]) != 0 {
+			t.Fatalf("link %d: done in order %v, err %v, deferred %d", i, order[i] == ln.p, errs[i], len(deferred[i]))
 		}
-		for j, q := range ln.t.reqs {
+		for j, q := range ln.p.reqs {
 			want := mk(single, keys[i][j])
-			if _, err := runOwn(ctx, single.pool, single.run(ctx, []*request{want}, true)); err != nil {
+			if _, err := runOwn(ctx, single.client.pool, planOf(t, single, []*request{want}, skipLocked)); err != nil {
 				t.Fatal(err)
 			}
 			if q.err != nil || !reflect.DeepEqual(q.out, want.out) {
@@ -364,7 +406,7 @@ func TestChainAfterAFailedTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testdb.Pool(t)
-	if poolStateFor(pool, 0).distributed(ctx, pool) {
+	if onCitus(t, pool) {
 		t.Skip("a trigger on a distributed table needs citus.enable_unsafe_triggers")
 	}
 	for _, ddl := range []string{
@@ -387,7 +429,7 @@ func TestChainAfterAFailedTransaction(t *testing.T) {
 		return q
 	}
 	first, second := mk("boom"), mk("k")
-	links := []link{{ctx, l.run(ctx, []*request{first}, true)}, {ctx, l.run(ctx, []*request{second}, true)}}
+	links := []link{{ctx, planOf(t, l, []*request{first}, skipLocked)}, {ctx, planOf(t, l, []*request{second}, skipLocked)}}
 	_, _, errs := chainOf(t, pool, links)
 	if len(errs) != 2 || errs[0] == nil || errs[1] != nil {
 		t.Fatalf("errors %v, want the first link's only", errs)
@@ -433,7 +475,7 @@ func TestChainWhenTheNextCannotBegin(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, held, other := mk("a"), mk("held"), mk("b")
-	links := []link{{ctx, l.run(ctx, []*request{first}, true)}, {ctx, l.run(ctx, []*request{held, other}, true)}}
+	links := []link{{ctx, planOf(t, l, []*request{first}, skipLocked)}, {ctx, planOf(t, l, []*request{held, other}, skipLocked)}}
 	_, deferred, errs := chainOf(t, pool, links)
 	if len(errs) != 2 || errs[0] != nil || errs[1] != nil {
 		t.Fatalf("errors %v", errs)

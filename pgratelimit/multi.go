@@ -46,7 +46,7 @@ type MultiResult struct {
 // coalesced with other checks of the pool unless a charged Limiter has
 // DisableCoalescing.
 //
-// Every Limiter must use the same pool; otherwise, and for a nil Limiter or
+// Every Limiter must use the same pool (and Client); otherwise, and for a nil Limiter or
 // no charges, the error wraps ErrInvalidConfig. A bad key, a cost below 1, or
 // a cost (summed per bucket) above that bucket's Capacity is ErrInvalidKey,
 // ErrInvalidCost or ErrCostExceedsCapacity, before any database access.
@@ -57,25 +57,19 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	var m MultiResult
-	if co := coalescerOf(charges); co != nil {
-		m, err = co.do(q, first)
-	} else {
-		m, err = runAlone(&pending{req: q, lim: first})
-	}
+	m, err := first.client.run(q, first, coalesces(charges), "check")
 	record(ctx, start, m, err, charges)
 	return m, err
 }
 
-// coalescerOf returns the pool's coalescer if every charged limiter
-// coalesces.
-func coalescerOf(charges []Charge) *coalescer {
+// coalesces says whether every charged limiter coalesces.
+func coalesces(charges []Charge) bool {
 	for _, c := range charges {
 		if c.Limiter.cfg.DisableCoalescing {
-			return nil
+			return false
 		}
 	}
-	return charges[0].Limiter.shared.co
+	return true
 }
 
 // newRequest validates charges, before any database access, and merges the
@@ -94,8 +88,8 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		switch {
 		case l == nil:
 			return nil, nil, fmt.Errorf("%w: charge %d has a nil Limiter", ErrInvalidConfig, i)
-		case l.pool != first.pool:
-			return nil, nil, fmt.Errorf("%w: charge %d's Limiter uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
+		case l.client != first.client:
+			return nil, nil, fmt.Errorf("%w: charge %d's Limiter uses another pool (or Client) than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
 		}
 		if err := validateKey(c.Key); err != nil {
 			return nil, nil, err

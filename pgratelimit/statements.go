@@ -8,15 +8,26 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The statements of a check, for one bucket table. Every statement takes the
-// rows it works on as arrays, so one shape serves one row or many: a check of
-// one key, an AllowAll over several, a coalesced batch of many checks.
+// The statements of a check, for one bucket table, in the two shapes a
+// transaction's statements take (see shape.go): one statement per row with
+// scalar parameters, or one statement over all of a table's rows as arrays.
 //
 // Arrays and times travel as text parameters (PostgreSQL array literals,
 // RFC 3339 times) cast in SQL: the same statements then run unchanged on pgx
 // and on any database/sql driver, in every pgx query mode, and behind
-// PgBouncer. $1 and $2 are always the rows' prefixes and keys.
+// PgBouncer. $1 and $2 are always the rows' prefixes and keys (arrays of
+// them, or one of each).
 type statements struct {
+	one, many tableStatements
+
+	// peek reads one row without locking it.
+	peek string
+	// remove deletes one row (Reset).
+	remove string
+}
+
+// tableStatements are the statements of a transaction over rows of one table.
+type tableStatements struct {
 	// insert creates the missing rows as placeholders: refilled_at is the
 	// zero time, which every check reads exactly as a missing row (a full
 	// bucket whose grid starts at the clock read after the row lock). The
@@ -38,16 +49,6 @@ type statements struct {
 	relock string
 	// update writes the rows a check changed.
 	update string
-	// The same for one row, with scalar parameters: cheaper for a few rows
-	// than arrays, the shape for a caller's transaction (see txRun.exec),
-	// and the only one a distributed table (Citus) routes to one shard. $1
-	// and $2 are the prefix and key.
-	insert1, lock1, lockSkip1, relock1, update1 string
-
-	// peek reads one row without locking it.
-	peek string
-	// remove deletes one row (Reset).
-	remove string
 }
 
 // placeholderTime is the refilled_at of a placeholder row: Go's zero time,
@@ -72,33 +73,37 @@ LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%s) b`
 	return statements{
-		insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+		many: tableStatements{
+			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i
 ON CONFLICT (prefix, key) DO NOTHING`,
-		lock:     strings.Replace(lock, "%s", "", 1),
-		lockSkip: strings.Replace(lock, "%s", " SKIP LOCKED", 1),
-		relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+			lock:     strings.Replace(lock, "%s", "", 1),
+			lockSkip: strings.Replace(lock, "%s", " SKIP LOCKED", 1),
+			relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
 RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
-		update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
+			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
      AS r(prefix, key, tokens, refilled_at, expires_at)
 WHERE t.prefix = r.prefix AND t.key = r.key`,
-		insert1: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+		},
+		one: tableStatements{
+			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)
 ON CONFLICT (prefix, key) DO NOTHING`,
-		lock1:     strings.Replace(lock1, "%s", "", 1),
-		lockSkip1: strings.Replace(lock1, "%s", " SKIP LOCKED", 1),
-		relock1: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+			lock:     strings.Replace(lock1, "%s", "", 1),
+			lockSkip: strings.Replace(lock1, "%s", " SKIP LOCKED", 1),
+			relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
 RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
-		update1: `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
+			update: `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
+		},
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // AllowNTx is AllowN inside the caller's transaction tx: the tokens are spent
@@ -68,9 +67,13 @@ func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	// In the caller's transaction: its isolation, its lock_timeout.
-	t := first.run(ctx, []*request{q}, false)
-	if _, err := t.exec(ctx, ex, false); err != nil {
+	if !first.client.gate.enter() {
+		return MultiResult{}, ErrClosed
+	}
+	defer first.client.gate.leave()
+	// In the caller's transaction: its isolation, its lock_timeout, one
+	// row per statement whatever the dialect.
+	if err := runIn(ctx, ex, newPlan([]*request{q}, first.settings(nil), false, waitLocks)); err != nil {
 		q.err = dbError(what, err)
 	}
 	if q.err == nil {
@@ -85,68 +88,6 @@ func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge
 func ctxErrIfUndecided(q *request) error {
 	if q.out.Results == nil {
 		if err := q.ctx.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// pgxExecutor pipelines statements in one pgx batch, on a pool connection
-// or in a pgx.Tx.
-type pgxExecutor struct {
-	q interface {
-		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-	}
-}
-
-func (e pgxExecutor) pipeline(ctx context.Context, stmts []stmt) error {
-	_, err := e.pipelineAt(ctx, stmts)
-	return err
-}
-
-// pipelineAt is pipeline that also says, on an error, which statement
-// failed (stmts[at]); the ones after it were not run.
-func (e pgxExecutor) pipelineAt(ctx context.Context, stmts []stmt) (at int, err error) {
-	b := &pgx.Batch{}
-	for _, s := range stmts {
-		qq := b.Queue(s.sql, s.args...)
-		if scan := s.scan; scan != nil {
-			qq.Query(func(rows pgx.Rows) error {
-				if err := scan(rows); err != nil {
-					return err
-				}
-				at++
-				return nil
-			})
-		} else {
-			qq.Exec(func(pgconn.CommandTag) error { at++; return nil })
-		}
-	}
-	err = e.q.SendBatch(ctx, b).Close() // runs the callbacks above, counting at
-	return at, err
-}
-
-// sqlExecutor runs statements one after another in a database/sql
-// transaction, which cannot pipeline.
-type sqlExecutor struct{ tx *sql.Tx }
-
-func (e sqlExecutor) pipeline(ctx context.Context, stmts []stmt) error {
-	for _, s := range stmts {
-		if s.scan == nil {
-			if _, err := e.tx.ExecContext(ctx, s.sql, s.args...); err != nil {
-				return err
-			}
-			continue
-		}
-		rows, err := e.tx.QueryContext(ctx, s.sql, s.args...)
-		if err != nil {
-			return err
-		}
-		err = s.scan(rows)
-		if cerr := rows.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
 			return err
 		}
 	}

@@ -93,14 +93,12 @@ type Config struct {
 	// coalescing on.
 	DisableCoalescing bool
 
-	// CoalesceConns is how many coalesced transactions (so pool
-	// connections) the limiters of a pool run at once; checks beyond them
-	// queue and go in the next batches. The coalescer is shared by every
-	// limiter of the pool and uses the largest CoalesceConns any of them
-	// asked for, capped at the pool's MaxConns. Fewer means bigger batches;
-	// more lets a database with cores to spare work on several batches at
-	// once. Defaults to 2, the best measured on a 2-core server (see
-	// README, Performance).
+	// CoalesceConns is, for a limiter made by New, how many coalesced
+	// transactions (so pool connections) the pool's default client runs at
+	// once: the largest any of its limiters asks for, capped at the pool's
+	// MaxConns (see ClientConfig.CoalesceConns). A limiter made by
+	// Client.NewLimiter takes its client's and must leave this 0.
+	// Defaults to 2.
 	CoalesceConns int
 
 	// LockTimeout bounds how long a check waits for its bucket's row lock
@@ -202,22 +200,34 @@ type Result struct {
 // Peek to look without spending, Refund to give tokens back and Reset to
 // refill a bucket. A Limiter is safe for concurrent use.
 type Limiter struct {
-	pool    *pgxpool.Pool
+	client  *Client
 	cfg     Config
 	p       policy
+	clock   *clock // nil: the database's
 	log     *slog.Logger
-	shared  *poolState // what the pool's limiters share: the coalescer, Citus or not
 	metrics *instruments
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
-// pool. It validates cfg (ErrInvalidConfig names the bad field) and does not
-// touch the database: a missing schema shows up as ErrNotMigrated on the
-// first check.
+// pool, whose checks go through the pool's default client (see Client). It
+// validates cfg (ErrInvalidConfig names the bad field) and does not touch
+// the database: a missing schema shows up as ErrNotMigrated on the first
+// check.
 func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
 	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := defaultClient(pool)
+	if !cfg.DisableCoalescing {
+		c.co.atLeast(max(min(cmp(cfg.CoalesceConns, defaultCoalesceConns), int(pool.Config().MaxConns)), 1))
+	}
+	return newLimiter(c, cfg)
+}
+
+func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -226,43 +236,25 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	l := &Limiter{
-		pool:    pool,
+		client:  c,
 		cfg:     cfg,
 		p:       policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
 		log:     log,
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 	}
-	conns := 0
-	if !cfg.DisableCoalescing {
-		conns = cfg.CoalesceConns
-		if conns == 0 {
-			conns = defaultCoalesceConns
-		}
+	if cfg.Clock != nil {
+		l.clock = &clock{now: cfg.Clock}
 	}
-	l.shared = poolStateFor(pool, conns)
 	return l, nil
 }
 
 // Config returns the limiter's configuration, as passed to New.
 func (l *Limiter) Config() Config { return l.cfg }
 
-// now returns the clock parameter of the statements: nil for the database's
-// clock, else Config.Clock truncated to PostgreSQL's microseconds.
-func (l *Limiter) now() any {
-	if l.cfg.Clock == nil {
-		return nil
-	}
-	return l.cfg.Clock().Truncate(time.Microsecond).UTC()
-}
-
-// group is what a transaction that decides this limiter's checks together
-// with others' must share with them.
-func (l *Limiter) group() group {
-	g := group{lockTimeout: l.cfg.LockTimeout, async: l.cfg.AsyncCommit}
-	if l.cfg.Clock != nil {
-		g.clock = l
-	}
-	return g
+// settings are what a transaction that decides this limiter's checks
+// together with others' must share with them, in dialect d.
+func (l *Limiter) settings(d dialect) settings {
+	return settings{dialect: d, clock: l.clock, lockTimeout: l.cfg.LockTimeout, async: l.cfg.AsyncCommit}
 }
 
 // Allow is AllowN with cost 1.
@@ -296,13 +288,11 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	q := &request{ctx: ctx, give: true, charges: []charge{{row: l.row(key), policy: l.p, cost: n}}}
-	if _, err := runOwn(ctx, l.pool, l.run(ctx, []*request{q}, false)); err != nil {
-		return Result{}, dbError("refund "+quoteKey(key), err)
-	}
-	if err := ctxErrIfUndecided(q); err != nil {
+	m, err := l.client.run(q, l, false, "refund "+quoteKey(key))
+	if err != nil {
 		return Result{}, err
 	}
-	return q.out.Results[0], nil
+	return m.Results[0], nil
 }
 
 // Peek reports key's bucket as it is now without taking or writing anything.
@@ -312,12 +302,16 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}
+	if !l.client.gate.enter() {
+		return Result{}, ErrClosed
+	}
+	defer l.client.gate.leave()
 	var (
 		tokens                *int64
 		refilledAt, expiresAt *time.Time
 		now                   time.Time
 	)
-	err := l.pool.QueryRow(ctx, l.cfg.Storage.statements().peek, l.cfg.Prefix, key, l.now()).Scan(&tokens, &refilledAt, &expiresAt, &now)
+	err := l.client.pool.QueryRow(ctx, l.cfg.Storage.statements().peek, l.cfg.Prefix, key, l.clock.param()).Scan(&tokens, &refilledAt, &expiresAt, &now)
 	if err != nil {
 		return Result{}, dbError("peek "+quoteKey(key), err)
 	}
@@ -334,7 +328,11 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
 	}
-	if _, err := l.pool.Exec(ctx, l.cfg.Storage.statements().remove, l.cfg.Prefix, key); err != nil {
+	if !l.client.gate.enter() {
+		return ErrClosed
+	}
+	defer l.client.gate.leave()
+	if _, err := l.client.pool.Exec(ctx, l.cfg.Storage.statements().remove, l.cfg.Prefix, key); err != nil {
 		return dbError("reset "+quoteKey(key), err)
 	}
 	return nil

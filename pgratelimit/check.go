@@ -1,0 +1,105 @@
+package pgratelimit
+
+import (
+	"context"
+	"strings"
+	"time"
+)
+
+// Checks: what a check asks of which buckets, and how it is decided on the
+// buckets as read (no I/O here; the engine reads and writes them, the math is
+// bucket.go's). A request is one Allow, AllowN, Refund or AllowAll call; the
+// engine decides any number of them in one transaction, in order, each all or
+// nothing, exactly as one by one.
+
+// row identifies a bucket: its table and primary key.
+type row struct {
+	storage     Storage
+	prefix, key string
+}
+
+func compareRows(a, b row) int {
+	if a.storage != b.storage {
+		return int(a.storage) - int(b.storage)
+	}
+	if c := strings.Compare(a.prefix, b.prefix); c != 0 { // byte order, as the tables' COLLATE "C"
+		return c
+	}
+	return strings.Compare(a.key, b.key)
+}
+
+// charge is what a request takes from (or gives to) one bucket: the costs of
+// every Charge of that bucket added up, decided by the first one's policy.
+type charge struct {
+	row    row
+	policy policy
+	cost   int64
+}
+
+// request is one check: one or more charges decided together, all or
+// nothing, and its outcome.
+type request struct {
+	ctx     context.Context
+	charges []charge // one per distinct bucket
+	of      []int    // Charge i of the call is charges[of[i]]; nil: one Charge
+	give    bool     // Refund: add the cost instead of taking it
+
+	out MultiResult
+	err error
+}
+
+// rows returns the request's distinct rows.
+func (q *request) rows() []row {
+	rs := make([]row, len(q.charges))
+	for i, c := range q.charges {
+		rs[i] = c.row
+	}
+	return rs
+}
+
+// decide applies q to the buckets as stored (brought to now by each charge's
+// policy) and records its outcome; when it is allowed, stored takes the new
+// buckets. A denied request changes nothing, exactly as if the buckets had
+// been read from the table one check at a time.
+func (q *request) decide(stored map[row]bucket, now time.Time) {
+	results := make([]Result, len(q.charges))
+	var buf [2 * 4]bucket // next and loaded of up to 4 charges, without allocating
+	next, loaded := buf[:0:4], buf[4:4]
+	if len(q.charges) > 4 {
+		next, loaded = make([]bucket, 0, len(q.charges)), make([]bucket, 0, len(q.charges))
+	}
+	next, loaded = next[:len(q.charges)], loaded[:len(q.charges)]
+	allowed := true
+	for i, c := range q.charges {
+		loaded[i] = c.policy.load(stored[c.row], now)
+		if q.give {
+			next[i], results[i] = c.policy.give(loaded[i], now, c.cost)
+		} else {
+			next[i], results[i] = c.policy.take(loaded[i], now, c.cost)
+		}
+		allowed = allowed && results[i].Allowed
+	}
+	var retry time.Duration
+	for i, c := range q.charges {
+		switch {
+		case !allowed && results[i].Allowed:
+			// This bucket had enough, another did not: nothing is taken.
+			results[i] = c.policy.result(loaded[i], now, c.cost, true)
+		case allowed && (!q.give || next[i].tokens != loaded[i].tokens):
+			// (A refund to a full bucket writes nothing: the row keeps
+			// meaning what it meant, e.g. a missing row stays missing.)
+			stored[c.row] = next[i]
+		}
+		retry = max(retry, results[i].RetryAfter)
+	}
+	q.out = MultiResult{Allowed: allowed, Results: results}
+	if !allowed {
+		q.out.RetryAfter = retry
+	}
+	if q.of != nil {
+		q.out.Results = make([]Result, len(q.of))
+		for i, j := range q.of {
+			q.out.Results[i] = results[j]
+		}
+	}
+}

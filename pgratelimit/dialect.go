@@ -1,0 +1,166 @@
+package pgratelimit
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Dialect is the kind of database a Client's bucket tables live in.
+type Dialect int
+
+const (
+	// DetectDialect asks the database: Citus when the bucket tables are
+	// distributed tables of Citus (migrations.Distribute), else Postgres.
+	DetectDialect Dialect = iota
+	// Postgres is plain PostgreSQL (or Citus with local bucket tables).
+	Postgres
+	// Citus is a Citus cluster whose bucket tables are distributed by key.
+	Citus
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case DetectDialect:
+		return "detect"
+	case Postgres:
+		return "postgres"
+	case Citus:
+		return "citus"
+	}
+	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// dialect is what the engine says differently to plain PostgreSQL and to
+// Citus: the statement shape of an own transaction, how settings are set,
+// what a coalesced batch may hold, and how cleanup deletes.
+type dialect interface {
+	kind() Dialect
+	// shape is the statement shape of an own transaction over n rows.
+	shape(n int) shape
+	// set returns the statements that set the pairs (name, value, ...)
+	// for the transaction.
+	set(pairs []string) []stmt
+	// oneRowBatches says that a coalesced batch holds the checks of one
+	// row only.
+	oneRowBatches() bool
+	// deleter deletes a batch of table's expired rows.
+	deleter(table string) deleter
+}
+
+func dialectOf(d Dialect) dialect {
+	if d == Citus {
+		return citus{}
+	}
+	return postgres{}
+}
+
+// postgres is plain PostgreSQL.
+type postgres struct{}
+
+func (postgres) kind() Dialect { return Postgres }
+
+// shape: a few rows go one statement each, more as arrays.
+func (postgres) shape(n int) shape {
+	if n > perRowMax {
+		return arrays{}
+	}
+	return oneRow{}
+}
+
+// set: one set_config(name, value, true) per pair, in one statement.
+func (postgres) set(pairs []string) []stmt {
+	args := make([]any, len(pairs))
+	for i, p := range pairs {
+		args[i] = p
+	}
+	return []stmt{{sql: setConfigSQL(len(pairs) / 2), args: args}}
+}
+
+func (postgres) oneRowBatches() bool { return false }
+
+// deleter: the oldest expired rows that no check holds.
+func (postgres) deleter(table string) deleter {
+	t := pgx.Identifier{table}.Sanitize()
+	del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + t + ` WHERE expires_at <= COALESCE($1::timestamptz, now())
+	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		tag, err := tx.Exec(ctx, del, now, batchSize)
+		n := tag.RowsAffected()
+		return n, n >= int64(batchSize), err
+	}
+}
+
+// citus is a Citus cluster with distributed bucket tables: every statement
+// must route to one shard, so it filters on one row's full primary key with
+// scalar parameters.
+type citus struct{}
+
+func (citus) kind() Dialect { return Citus }
+
+func (citus) shape(int) shape { return oneRow{} }
+
+// set: SET LOCAL commands, which Citus passes on to the workers (where the
+// row locks are) when told to; set_config is not propagated.
+func (citus) set(pairs []string) []stmt {
+	stmts := []stmt{{sql: "SET LOCAL citus.propagate_set_commands = 'local'"}}
+	for i := 0; i < len(pairs); i += 2 {
+		stmts = append(stmts, stmt{sql: "SET LOCAL " + pairs[i] + " = '" + pairs[i+1] + "'"}) // our own names and values
+	}
+	return stmts
+}
+
+// oneRowBatches: a transaction over several shards would need two-phase
+// commit.
+func (citus) oneRowBatches() bool { return true }
+
+// deleter: the same DELETE on every shard, run there by
+// run_command_on_shards, since Citus cannot lock rows by ctid across shards.
+// The time is the coordinator's.
+func (citus) deleter(table string) deleter {
+	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
+       coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
+       coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
+FROM run_command_on_shards($1::regclass, format(
+  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE expires_at <= %L ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))',
+  COALESCE($2::timestamptz, now()), $3::int))`
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		var n, most int64
+		var failed string
+		if err := tx.QueryRow(ctx, del, table, now, batchSize).Scan(&n, &most, &failed); err != nil {
+			return 0, false, err
+		}
+		if failed != "" {
+			return n, false, fmt.Errorf("on some shards: %s", failed)
+		}
+		return n, most >= int64(batchSize), nil
+	}
+}
+
+// querier is what detection needs of a pool, a connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// detectDialect asks the database whether the bucket tables are distributed
+// tables of Citus. Tables that do not exist yet count as plain.
+func detectDialect(ctx context.Context, q querier) (dialect, error) {
+	const why = "detect the database's dialect (plain PostgreSQL or Citus; ClientConfig.Dialect names it instead)"
+	var citusHere, dist bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citusHere); err != nil {
+		return nil, dbError(why, err)
+	}
+	if citusHere {
+		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+WHERE logicalrelid IN (to_regclass($1), to_regclass($2)))`, DurableTable, EphemeralTable).Scan(&dist)
+		if err != nil {
+			return nil, dbError(why, err)
+		}
+	}
+	if dist {
+		return citus{}, nil
+	}
+	return postgres{}, nil
+}
