@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/pgratelimit/pgratelimit v0.0.0-00010101000000-000000000000
+	github.com/pgratelimit/pgratelimit v0.1.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel/sdk/metric v1.46.0
 )
@@ -35,5 +35,3 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
-
-replace github.com/pgratelimit/pgratelimit => ../../
