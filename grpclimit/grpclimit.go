@@ -1,0 +1,353 @@
+// Package grpclimit rate-limits gRPC servers with a pgratelimit.Limiter:
+// unary and streaming server interceptors, and an adapter for the chain of
+// go-grpc-middleware v2 (its interceptors/ratelimit package).
+//
+// It is a module of its own, so that services importing only the library
+// never download gRPC.
+//
+// # Calls and keys
+//
+// Each call is one check of the Limiter (a stream is checked once, when it
+// opens; its messages are not counted) of the call's key and cost. The key
+// is the peer's IP address by default (KeyByPeer with no trusted proxy, in
+// httplimit's format "ip:ADDRESS", so a client shares its bucket with its
+// HTTP requests), or the method (KeyByMethod), an API key from the metadata
+// (KeyByMetadata, hashed), or any KeyFunc of the context and the method. The
+// cost is 1 unless WithCost says otherwise.
+//
+// # Answers
+//
+// An allowed call goes on to the handler with the rate-limit fields of the
+// IETF draft that httplimit sends, as response header metadata (keys in
+// lower case, values as httplimit computes them):
+//
+//	ratelimit-policy: "api";q=10;w=10
+//	ratelimit: "api";r=7;t=3
+//
+// A denied call ends with codes.ResourceExhausted, a google.rpc.RetryInfo
+// detail (errdetails.RetryInfo) whose RetryDelay is the exact wait
+// (Result.RetryAfter), and the same header metadata plus "retry-after" in
+// whole seconds, rounded up. A call without a key, or with an invalid key or
+// cost, ends with codes.InvalidArgument.
+//
+// # Failures and timeouts
+//
+// When the database fails, the interceptors fail closed with
+// codes.Unavailable by default, or open (the call goes on, without
+// rate-limit metadata) with WithFailOpen; either way the error is logged.
+// Each check is bounded by WithCheckTimeout (DefaultCheckTimeout unless
+// set), so a database that accepts connections and never answers costs a
+// call at most that long. A call whose own context ends during the check
+// ends with that context's status (codes.Canceled or
+// codes.DeadlineExceeded).
+//
+// # Shadow mode
+//
+// WithShadow rolls a limit out without enforcing it: every call is checked
+// (an allowed check takes its tokens, a would-be denial writes nothing),
+// would-be denials are logged at Warn with the key, the limiter's prefix and
+// the retry delay, and counted with pgratelimit.shadow=true (see
+// pgratelimit.WithShadow); every call goes on to its handler, without
+// rate-limit metadata, also when the check fails or the call has no key.
+package grpclimit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
+)
+
+// KeyFunc returns the rate-limit key of a call to fullMethod
+// ("/package.Service/Method"), reading what it needs from ctx
+// (peer.FromContext, metadata.FromIncomingContext). An error ends the call
+// with codes.InvalidArgument (in shadow mode, the call goes on). Keys are
+// stored in plain text: hash anything secret.
+type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
+
+// ErrNoKey is returned by the key functions when a call carries nothing to
+// key it by (no peer address, no such metadata).
+var ErrNoKey = errors.New("grpclimit: no rate-limit key in call")
+
+// KeyByPeer keys calls by the client's IP address as httplimit.KeyByIP does,
+// from the peer's address (peer.FromContext) and, when the peer is one of
+// cfg.TrustedProxies, the x-forwarded-for metadata: "ip:ADDRESS", or
+// "ip:NETWORK/BITS" with cfg.IPv6Prefix. A peer that is not an IP address
+// (a Unix socket) gets ErrNoKey.
+func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
+	return func(ctx context.Context, _ string) (string, error) {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return "", fmt.Errorf("%w: no peer", ErrNoKey)
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		key, err := cfg.Key(p.Addr.String(), md.Get("x-forwarded-for"))
+		if err != nil {
+			return "", fmt.Errorf("%w: peer address %q", ErrNoKey, p.Addr.String())
+		}
+		return key, nil
+	}
+}
+
+// KeyByMethod keys calls by method alone, as "method:/package.Service/Method":
+// one bucket per method, shared by every client (a global limit).
+func KeyByMethod() KeyFunc {
+	return func(_ context.Context, fullMethod string) (string, error) {
+		return "method:" + fullMethod, nil
+	}
+}
+
+// KeyByMetadata keys calls by the first value of the metadata key name
+// (e.g. "x-api-key"), stored as "hdr:" and the value's SHA-256 in hex, as
+// httplimit.KeyByHeader stores a header's, so the secret itself is never
+// written and a client has one bucket over HTTP and gRPC. A call without it
+// gets ErrNoKey.
+func KeyByMetadata(name string) KeyFunc {
+	return func(ctx context.Context, _ string) (string, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		vs := md.Get(name)
+		if len(vs) == 0 || vs[0] == "" {
+			return "", fmt.Errorf("%w: metadata %s is missing", ErrNoKey, name)
+		}
+		sum := sha256.Sum256([]byte(vs[0]))
+		return "hdr:" + hex.EncodeToString(sum[:]), nil
+	}
+}
+
+// DefaultCheckTimeout is the bound on each check unless WithCheckTimeout
+// sets another: far above a healthy check (a millisecond or a few), well
+// below the deadlines of most clients.
+const DefaultCheckTimeout = 2 * time.Second
+
+// An Option configures the interceptors.
+type Option func(*options)
+
+type options struct {
+	key      KeyFunc
+	cost     func(ctx context.Context, fullMethod string) int64
+	failOpen bool
+	shadow   bool
+	logger   *slog.Logger
+	timeout  time.Duration
+}
+
+// WithKeyFunc sets how a call's key is found. Defaults to
+// KeyByPeer(httplimit.IPKeyConfig{}): the direct peer's address, trusting no
+// proxy.
+func WithKeyFunc(f KeyFunc) Option {
+	return func(o *options) { o.key = f }
+}
+
+// WithCost sets how many tokens a call takes, by method for example.
+// Defaults to 1 for every call.
+func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
+	return func(o *options) { o.cost = f }
+}
+
+// WithFailOpen lets calls through, without rate-limit metadata, when the
+// limiter's database fails or does not answer within the check timeout.
+// Without it the interceptors fail closed: codes.Unavailable. Either way the
+// error is logged.
+func WithFailOpen() Option {
+	return func(o *options) { o.failOpen = true }
+}
+
+// WithShadow checks every call but denies none: would-be denials are logged
+// (Warn) and counted with pgratelimit.shadow=true, and every call goes on to
+// its handler without rate-limit metadata, whatever the check says (also
+// when it fails or the call has no key, logged too). Use it to roll a new
+// limit out: shadow first, read the would-be denials, then enforce.
+func WithShadow() Option {
+	return func(o *options) { o.shadow = true }
+}
+
+// WithLogger sets the logger of database errors and, in shadow mode, of
+// would-be denials. Defaults to slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// WithCheckTimeout bounds each check, from taking a database connection to
+// the answer: a check that takes longer fails closed (codes.Unavailable) or
+// open (WithFailOpen), so a database that accepts connections and never
+// answers cannot hold calls. The call's own deadline still applies when it
+// is sooner. Defaults to DefaultCheckTimeout; zero keeps the default and a
+// negative d sets no bound but the call's context.
+func WithCheckTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
+}
+
+// checker checks calls against one limiter with the options.
+type checker struct {
+	l *pgratelimit.Limiter
+	options
+}
+
+func newChecker(l *pgratelimit.Limiter, opts []Option) *checker {
+	c := &checker{l: l, options: options{key: KeyByPeer(httplimit.IPKeyConfig{}), logger: slog.Default(), timeout: DefaultCheckTimeout}}
+	for _, o := range opts {
+		o(&c.options)
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if c.timeout == 0 {
+		c.timeout = DefaultCheckTimeout
+	}
+	if c.key == nil {
+		c.key = KeyByPeer(httplimit.IPKeyConfig{})
+	}
+	return c
+}
+
+// check checks a call to fullMethod. It returns the header metadata to send
+// (nil for none) and, when the call must not go on, its status error.
+func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, error) {
+	key, err := c.key(ctx, fullMethod)
+	if err != nil {
+		return nil, c.refuse(ctx, fullMethod, err)
+	}
+	cost := int64(1)
+	if c.cost != nil {
+		cost = c.cost(ctx, fullMethod)
+	}
+	cctx := ctx
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	if c.shadow {
+		cctx = pgratelimit.WithShadow(cctx)
+	}
+	charges := []pgratelimit.Charge{{Limiter: c.l, Key: key, Cost: cost}}
+	res, err := pgratelimit.AllowAll(cctx, charges...)
+	switch {
+	case err != nil && isInputError(err):
+		return nil, c.refuse(ctx, fullMethod, err)
+	case err != nil && ctx.Err() != nil:
+		// The call's own context ended: answering it is moot.
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case err != nil:
+		open := c.failOpen || c.shadow
+		c.logger.ErrorContext(ctx, "grpclimit: rate-limit check failed", "method", fullMethod, "error", err, "fail_open", open)
+		if open {
+			return nil, nil
+		}
+		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
+	case c.shadow:
+		if !res.Allowed {
+			c.logger.WarnContext(ctx, "grpclimit: shadow: would deny", "method", fullMethod,
+				"key", key, "prefix", c.l.Config().Prefix, "retry_after", res.RetryAfter)
+		}
+		return nil, nil
+	}
+	f := httplimit.FieldsFor([]*pgratelimit.Limiter{c.l}, res)
+	md := metadata.Pairs("ratelimit-policy", f.Policy, "ratelimit", f.RateLimit)
+	if res.Allowed {
+		return md, nil
+	}
+	md.Set("retry-after", f.RetryAfter)
+	st := status.New(codes.ResourceExhausted, fmt.Sprintf("grpclimit: rate limit %q exceeded, retry after %s", c.l.Config().Prefix, res.RetryAfter))
+	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
+		st = d
+	}
+	return md, st.Err()
+}
+
+// refuse answers a call that could not be checked for its own fault (no key,
+// an invalid key or cost): codes.InvalidArgument, or on to the handler in
+// shadow mode.
+func (c *checker) refuse(ctx context.Context, fullMethod string, err error) error {
+	if c.shadow {
+		c.logger.WarnContext(ctx, "grpclimit: shadow: call not checked", "method", fullMethod, "error", err)
+		return nil
+	}
+	return status.Error(codes.InvalidArgument, err.Error())
+}
+
+func isInputError(err error) bool {
+	return errors.Is(err, pgratelimit.ErrInvalidKey) || errors.Is(err, pgratelimit.ErrInvalidCost) ||
+		errors.Is(err, pgratelimit.ErrCostExceedsCapacity)
+}
+
+// UnaryServerInterceptor returns a unary server interceptor that checks
+// every call against l before it reaches its handler. See the package doc
+// for keys, answers, failures and shadow mode.
+func UnaryServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
+	c := newChecker(l, opts)
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, err := c.check(ctx, info.FullMethod)
+		if md != nil {
+			// Fails only outside a server's call (no stream in ctx), when
+			// there is no one to send it to.
+			_ = grpc.SetHeader(ctx, md)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamServerInterceptor returns a stream server interceptor that checks
+// every stream against l when it opens, before it reaches its handler; the
+// stream's messages are not checked. See the package doc for keys, answers,
+// failures and shadow mode.
+func StreamServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
+	c := newChecker(l, opts)
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		md, err := c.check(ss.Context(), info.FullMethod)
+		if md != nil {
+			_ = ss.SetHeader(md)
+		}
+		if err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// MiddlewareLimiter returns l as the Limiter of go-grpc-middleware v2's
+// interceptors/ratelimit, for teams that build their chain from it:
+//
+//	grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(grpclimit.MiddlewareLimiter(l)))
+//
+// Its Limit checks a call as the interceptors of this package do, finding
+// the method with grpc.Method, and sends the same header metadata. The
+// chain turns every error Limit returns into codes.ResourceExhausted with a
+// message of its own that quotes ours ("retry after 3s"): the RetryInfo
+// detail is lost, and so is the difference between a denial and a database
+// failure (fail closed) or a call without a key. Prefer this package's
+// interceptors where that matters. For server interceptors only: a client's
+// context has no peer and no server stream.
+func MiddlewareLimiter(l *pgratelimit.Limiter, opts ...Option) ratelimit.Limiter {
+	return middlewareLimiter{newChecker(l, opts)}
+}
+
+type middlewareLimiter struct{ c *checker }
+
+// Limit checks the call of ctx; a non-nil error denies it.
+func (m middlewareLimiter) Limit(ctx context.Context) error {
+	method, _ := grpc.Method(ctx)
+	md, err := m.c.check(ctx, method)
+	if md != nil {
+		_ = grpc.SetHeader(ctx, md)
+	}
+	return err
+}
