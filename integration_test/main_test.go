@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -19,7 +20,28 @@ import (
 
 func TestMain(m *testing.M) {
 	testdb.Container = dockerdb.Start
-	testdb.Main(m)
+	testdb.Main(modes{m})
+}
+
+// modes runs the suite once per coalescing mode, as River's driver suite
+// runs once per driver: coalescing (the default) and per-check
+// (Config.DisableCoalescing). PGRATELIMIT_TEST_MODE=coalesce or per-check
+// runs one of them.
+type modes struct{ m *testing.M }
+
+func (ms modes) Run() int {
+	code := 0
+	for _, mode := range []string{"coalesce", "per-check"} {
+		if want := os.Getenv("PGRATELIMIT_TEST_MODE"); want != "" && want != mode {
+			continue
+		}
+		fmt.Printf("pgratelimit integration suite: %s\n", mode)
+		perCheck = mode == "per-check"
+		if c := ms.m.Run(); c != 0 {
+			code = c
+		}
+	}
+	return code
 }
 
 // fakeClock is a settable Config.Clock.
@@ -64,9 +86,8 @@ func newLimiter(t *testing.T, cfg pgratelimit.Config) *pgratelimit.Limiter {
 	return l
 }
 
-// perCheck is set by PGRATELIMIT_TEST_MODE=per-check: the suite then runs
-// with coalescing off. make test runs it both ways.
-var perCheck = os.Getenv("PGRATELIMIT_TEST_MODE") == "per-check"
+// perCheck says the suite runs with coalescing off (see modes).
+var perCheck bool
 
 // newLimiterOn is pgratelimit.New in the suite's mode.
 func newLimiterOn(pool *pgxpool.Pool, cfg pgratelimit.Config) (*pgratelimit.Limiter, error) {

@@ -46,8 +46,9 @@ func start() {
 }
 
 // Main runs a test binary's tests (call it from TestMain) and stops the
-// database they started, if any.
-func Main(m *testing.M) {
+// database they started, if any. m is a *testing.M, or anything that runs
+// the tests as its Run method says (a suite run once per mode, say).
+func Main(m interface{ Run() int }) {
 	code := m.Run()
 	if instance != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

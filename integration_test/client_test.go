@@ -1,0 +1,188 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+// newClient is pgratelimit.NewClient on pool, failing the test on an error.
+func newClient(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.ClientConfig) *pgratelimit.Client {
+	t.Helper()
+	c, err := pgratelimit.NewClient(context.Background(), pool, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+// clientLimiter is Client.NewLimiter in the suite's mode.
+func clientLimiter(t *testing.T, c *pgratelimit.Client, cfg pgratelimit.Config) *pgratelimit.Limiter {
+	t.Helper()
+	cfg.DisableCoalescing = cfg.DisableCoalescing || perCheck
+	l, err := c.NewLimiter(cfg)
+	require.NoError(t, err)
+	return l
+}
+
+// NewClient asks the database its dialect, and says so when it cannot;
+// a named dialect needs no database.
+func TestNewClient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	c := newClient(t, pool, pgratelimit.ClientConfig{})
+	want := pgratelimit.Postgres
+	if os.Getenv(testdb.DistributeEnvVar) != "" {
+		want = pgratelimit.Citus
+	}
+	require.Equal(t, want, c.Dialect())
+	d, err := c.Detect(ctx)
+	require.NoError(t, err)
+	require.Equal(t, want, d)
+
+	down := unreachablePool(t)
+	_, err = pgratelimit.NewClient(ctx, down, pgratelimit.ClientConfig{})
+	require.Error(t, err, "a failed detection is an error, not a guess")
+	require.ErrorContains(t, err, "dialect")
+	named, err := pgratelimit.NewClient(ctx, down, pgratelimit.ClientConfig{Dialect: pgratelimit.Postgres})
+	require.NoError(t, err)
+	require.Equal(t, pgratelimit.Postgres, named.Dialect())
+	d, err = named.Detect(ctx)
+	require.Error(t, err)
+	require.Equal(t, pgratelimit.Postgres, d, "a failed detection keeps the dialect")
+
+	for _, cfg := range []pgratelimit.ClientConfig{{CoalesceConns: -1}, {Dialect: 7}} {
+		_, err := pgratelimit.NewClient(ctx, pool, cfg)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	}
+	_, err = pgratelimit.NewClient(ctx, nil, pgratelimit.ClientConfig{})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = c.NewLimiter(pgratelimit.Config{Prefix: "p", Capacity: 1, Refill: 1, Interval: time.Second, CoalesceConns: 4})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "CoalesceConns is the client's")
+	require.ErrorContains(t, err, "ClientConfig.CoalesceConns")
+	_, err = c.NewLimiter(pgratelimit.Config{Prefix: "p"})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+}
+
+// A client's limiters check exactly as New's do; AllowAll takes limiters of
+// one client only.
+func TestClientLimiters(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	c := newClient(t, pool, pgratelimit.ClientConfig{CoalesceConns: 3})
+	cfg := pgratelimit.Config{Prefix: "cl", Capacity: 5, Refill: 1, Interval: time.Hour}
+	l := clientLimiter(t, c, cfg)
+	for i := range 7 {
+		r, err := l.Allow(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, i < 5, r.Allowed, "check %d", i)
+	}
+	other := clientLimiter(t, newClient(t, pool, pgratelimit.ClientConfig{}), cfg)
+	r, err := other.Peek(ctx, "k")
+	require.NoError(t, err)
+	require.Zero(t, r.Remaining, "clients of one database share its buckets")
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: other, Key: "j", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	dflt, err := newLimiterOn(pool, cfg)
+	require.NoError(t, err)
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: dflt, Key: "j", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "a client's limiter and the pool's default client's")
+}
+
+// Close waits for the checks in flight, which are decided (exactly: what
+// the callers were told is what the bucket lost), and later checks get
+// ErrClosed without touching the database.
+func TestClientCloseDrains(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	c := newClient(t, pool, pgratelimit.ClientConfig{})
+	const capacity = 1_000_000
+	l := clientLimiter(t, c, pgratelimit.Config{Prefix: "drain", Capacity: capacity, Refill: 1, Interval: time.Hour})
+	var allowed, closed atomic.Int64
+	var wg sync.WaitGroup
+	started := make(chan struct{}, 64)
+	for g := range 64 {
+		wg.Go(func() {
+			keys := []string{"hot", "k" + string(rune('a'+g%8))}
+			for i := 0; ; i++ {
+				r, err := l.Allow(ctx, keys[i%2])
+				if i == 0 {
+					started <- struct{}{}
+				}
+				switch {
+				case errors.Is(err, pgratelimit.ErrClosed):
+					closed.Add(1)
+					return
+				case err != nil:
+					t.Errorf("check: %v", err)
+					return
+				case r.Allowed && keys[i%2] == "hot":
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	for range 64 {
+		<-started
+	}
+	require.NoError(t, c.Close(ctx))
+	wg.Wait()
+	require.Equal(t, int64(64), closed.Load(), "every caller saw ErrClosed once the client closed")
+	_, err := l.Allow(ctx, "hot")
+	require.ErrorIs(t, err, pgratelimit.ErrClosed)
+	_, err = l.Peek(ctx, "hot")
+	require.ErrorIs(t, err, pgratelimit.ErrClosed)
+
+	audit, err := newLimiterOn(pool, l.Config())
+	require.NoError(t, err)
+	r, err := audit.Peek(ctx, "hot")
+	require.NoError(t, err)
+	require.Equal(t, capacity-allowed.Load(), r.Remaining, "the bucket lost exactly what callers were told")
+}
+
+// Close gives up when its context ends while a check waits for a row lock,
+// and the check still finishes once the lock is released.
+func TestClientCloseTimesOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	c := newClient(t, pool, pgratelimit.ClientConfig{})
+	l := clientLimiter(t, c, pgratelimit.Config{Prefix: "slow", Capacity: 5, Refill: 1, Interval: time.Hour})
+	_, err := l.Allow(ctx, "k")
+	require.NoError(t, err)
+	holder := lockRow(t, pool, "slow", "k")
+	var holderPID int
+	require.NoError(t, holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID))
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Allow(ctx, "k")
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return blockedBy(t, pool, holderPID) > 0 }, 10*time.Second, 5*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, c.Close(short), context.DeadlineExceeded)
+	require.NoError(t, holder.Rollback(ctx))
+	require.NoError(t, <-done)
+	require.NoError(t, c.Close(ctx))
+}
+
+// blockedBy counts the backends waiting for a lock that backend pid holds.
+func blockedBy(t *testing.T, pool *pgxpool.Pool, pid int) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
+	return n
+}
