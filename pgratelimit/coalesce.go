@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Coalescing: checks that arrive through the limiters of one pool while its
+// Coalescing: checks that arrive through the limiters of one Client while its
 // transactions are busy wait in a queue and are then decided together, in
 // arrival order, in one engine transaction (see engine.go). A check that finds
 // a free slot and nobody queued runs at once, alone. There is no timer and no

@@ -30,8 +30,9 @@
 //	COMMIT
 //
 // The row lock makes concurrent checks of one key queue up, which is what
-// makes them exact. No session state is used (no SET, PREPARE or session
-// advisory locks), so it works behind PgBouncer in transaction mode.
+// makes them exact. No session state is used (settings only for the
+// transaction: set_config(..., true), or SET LOCAL on Citus; no PREPARE, no
+// session advisory locks), so it works behind PgBouncer in transaction mode.
 //
 // AllowNTx (pgx) and AllowNSQLTx (database/sql, any driver) run the same
 // statements inside the caller's transaction, so tokens are spent only if the
@@ -39,16 +40,24 @@
 //
 // # Several limits at once
 //
-// AllowAll charges several buckets (any limiters of one pool, any keys) in
+// AllowAll charges several buckets (any limiters of one Client, any keys) in
 // one transaction, all or nothing: "10 per second and 1000 per day", or a
 // user's and an organization's credits. Rows are locked in one global order,
 // so no order of charges can deadlock. AllowAllTx and AllowAllSQLTx do it in
 // the caller's transaction. Limiters that share a Prefix share buckets, also
 // with different policies: that is how per-customer plans work.
 //
+// # Clients
+//
+// A Client holds what the limiters of one pool share: the coalescer and the
+// database's dialect (plain PostgreSQL or Citus, asked once). Make one with
+// NewClient, limiters with Client.NewLimiter, and Close it at shutdown to
+// let the checks in flight finish. New(pool, cfg) makes a limiter of the
+// pool's default client, which is never closed.
+//
 // # Coalescing
 //
-// By default, checks that arrive through the limiters of one pool while its
+// By default, checks that arrive through the limiters of one Client while its
 // transactions are busy wait and are then decided together in one
 // transaction of the same shape: the distinct rows inserted and locked in
 // order, every check decided in Go in arrival order, one UPDATE. Results
@@ -56,7 +65,7 @@
 // rises several times, most on hot keys. A batch never waits for a row that
 // another transaction holds: it skips it (SKIP LOCKED), and that row's
 // checks wait for it alone. See Config.DisableCoalescing and
-// Config.CoalesceConns.
+// ClientConfig.CoalesceConns.
 //
 // # Metrics
 //
@@ -83,6 +92,15 @@
 // The tables come from the goose migrations in package migrations. A Limiter
 // with Storage Durable uses a logged table (right for credits); Ephemeral uses
 // an UNLOGGED one (faster; emptied after a crash, so right for request rates).
-// On Citus, distribute them by key (migrations.Distribute): limiters find
-// out at first use and send statements that each route to one shard.
+// On Citus, distribute them by key (migrations.Distribute): a Client finds
+// out when it is made (a default client at its first check; Client.Detect
+// asks again) and sends statements that each route to one shard.
+//
+// # Reading the code
+//
+// A check goes downwards only: the API (limiter.go, multi.go, tx.go), the
+// client (client.go), the coalescer (coalesce.go), the transaction plan
+// (plan.go) and its runner (runner.go), the statement shapes (shape.go) in
+// the dialect's words (dialect.go) over the SQL (statements.go), and the
+// decision (check.go) by the bucket math (bucket.go, schedule.go).
 package pgratelimit

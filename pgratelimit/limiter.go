@@ -82,7 +82,7 @@ type Config struct {
 
 	// DisableCoalescing makes every AllowN (and every AllowAll that charges
 	// this Limiter) a transaction of its own. By default, checks that arrive
-	// through the limiters of one pool while others are in flight wait for a
+	// through the limiters of one Client while others are in flight wait for a
 	// slot and are then decided together in one transaction of the same
 	// shape (same statements over their distinct rows, rows locked in one
 	// order, decisions in arrival order), with the same results they would
