@@ -8,7 +8,7 @@ FUZZLONG ?= 5m
 # tests and the peer benchmark, each with its own go.mod so that the
 # library's stays lean; go.work
 # ties them together for development.
-MODULES := . cmd/pgratelimit integration_test bench grpclimit
+MODULES := . cmd/pgratelimit integration_test bench grpclimit connectlimit
 
 .DEFAULT_GOAL := help
 

@@ -1,0 +1,61 @@
+package connectlimit_test
+
+import (
+	"context"
+	"log"
+	"net/http"
+	"os"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/pgratelimit/pgratelimit/connectlimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+// A Connect handler limited per API key (the X-API-Key header, hashed):
+// bursts of 20, then 10 a second. Generated handlers take the same option:
+// greetv1connect.NewGreetServiceHandler(svc, connect.WithInterceptors(limit)).
+func ExampleNewInterceptor() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "connect", Capacity: 20, Refill: 10, Interval: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit := connectlimit.NewInterceptor(l,
+		connectlimit.WithKeyFunc(connectlimit.KeyByHeader("X-API-Key")),
+		connectlimit.WithCheckTimeout(500*time.Millisecond),
+	)
+	mux := http.NewServeMux()
+	const procedure = "/echo.v1.EchoService/Echo"
+	mux.Handle(procedure, connect.NewUnaryHandler(procedure,
+		func(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
+			return connect.NewResponse(req.Msg), nil
+		},
+		connect.WithInterceptors(limit),
+	))
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mux))
+}
+
+// A new limit rolled out in shadow mode: calls are checked and would-be
+// denials logged and counted (pgratelimit.checks with
+// pgratelimit.shadow=true), and nothing is denied.
+func ExampleWithShadow() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "reports", Capacity: 100, Refill: 100, Interval: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit := connectlimit.NewInterceptor(l, connectlimit.WithShadow())
+	_ = connect.WithInterceptors(limit) // give it to the handlers
+}
