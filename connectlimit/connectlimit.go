@@ -99,12 +99,13 @@ func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
 	}
 }
 
-// KeyByProcedure keys calls by procedure alone, as
-// "procedure:/package.Service/Method": one bucket per procedure, shared by
-// every client (a global limit).
+// KeyByProcedure keys calls by procedure alone: one bucket per procedure,
+// shared by every client (a global limit). The key is
+// "method:/package.Service/Method", as grpclimit.KeyByMethod makes it, so a
+// service moving between grpc-go and Connect keeps its buckets.
 func KeyByProcedure() KeyFunc {
 	return func(_ context.Context, call Call) (string, error) {
-		return "procedure:" + call.Spec.Procedure, nil
+		return "method:" + call.Spec.Procedure, nil
 	}
 }
 
@@ -194,7 +195,7 @@ func WithCheckTimeout(d time.Duration) Option {
 // to a handler with connect.WithInterceptors. See the package doc for keys,
 // answers, failures and shadow mode.
 func NewInterceptor(l *pgratelimit.Limiter, opts ...Option) connect.Interceptor {
-	in := &interceptor{l: l, options: options{logger: slog.Default(), timeout: DefaultCheckTimeout}}
+	in := &interceptor{l: l}
 	for _, o := range opts {
 		o(&in.options)
 	}

@@ -260,7 +260,7 @@ func TestKeysAndCost(t *testing.T) {
 	if _, err := in(connectlimit.WithKeyFunc(connectlimit.KeyByProcedure())).stream(); err != nil {
 		t.Fatal(err)
 	}
-	if r := remaining("procedure:" + count); r != 4 {
+	if r := remaining("method:" + count); r != 4 {
 		t.Fatalf("procedure key: %d remaining, want 4", r)
 	}
 

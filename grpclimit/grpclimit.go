@@ -106,6 +106,7 @@ func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
 
 // KeyByMethod keys calls by method alone, as "method:/package.Service/Method":
 // one bucket per method, shared by every client (a global limit).
+// connectlimit.KeyByProcedure makes the same keys.
 func KeyByMethod() KeyFunc {
 	return func(_ context.Context, fullMethod string) (string, error) {
 		return "method:" + fullMethod, nil
@@ -199,7 +200,7 @@ type checker struct {
 }
 
 func newChecker(l *pgratelimit.Limiter, opts []Option) *checker {
-	c := &checker{l: l, options: options{key: KeyByPeer(httplimit.IPKeyConfig{}), logger: slog.Default(), timeout: DefaultCheckTimeout}}
+	c := &checker{l: l}
 	for _, o := range opts {
 		o(&c.options)
 	}

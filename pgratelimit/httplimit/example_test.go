@@ -42,3 +42,30 @@ func ExampleMiddlewareAll() {
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mw(api)))
 }
+
+// A new limit rolled out in shadow mode, behind the limit already enforced:
+// its would-be denials are logged and counted (pgratelimit.checks with
+// pgratelimit.shadow=true) and nothing is denied. Each check is bounded: a
+// database that stops answering costs a request at most 500ms, then 503.
+func ExampleOptions_shadow() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	api, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "api", Capacity: 20, Refill: 10, Interval: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	exports, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "exports", Capacity: 10, Refill: 10, Interval: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	enforced := httplimit.Middleware(api, httplimit.Options{CheckTimeout: 500 * time.Millisecond})
+	shadowed := httplimit.Middleware(exports, httplimit.Options{
+		KeyFunc:      httplimit.KeyByHeader("X-API-Key"),
+		Shadow:       true,
+		CheckTimeout: 500 * time.Millisecond,
+	})
+	export := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("export")) })
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", enforced(shadowed(export))))
+}
