@@ -30,11 +30,28 @@ test-integration: ## The integration suite alone, in both coalescing modes (PGRA
 
 lint: ## gofmt, go vet, staticcheck, go mod tidy (changes nothing), and the library's dependencies stay lean.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
-	@set -e; for m in $(MODULES); do echo "== vet, staticcheck, tidy: $$m"; \
-	  (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./... && \
-	   GOWORK=off $(GO) mod tidy && \
+	@set -e; released=" $$(bash .ci/release-proxy --list | tr '\n' ' ') "; \
+	for m in $(MODULES); do echo "== vet, staticcheck, tidy: $$m"; \
+	  (cd $$m && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...); \
+	  case "$$released" in *" $$m "*) continue ;; esac; \
+	  (cd $$m && GOWORK=off $(GO) mod tidy && \
 	   git diff --exit-code -- go.mod go.sum || { echo "go mod tidy changed $$m/go.mod or go.sum"; exit 1; }); done
+	@echo "== vet, staticcheck, tidy: .ci/publish (release-proxy's zip maker)"; cd .ci/publish && \
+	  GOWORK=off $(GO) vet . && GOWORK=off $(GO) run $(STATICCHECK) . && GOWORK=off $(GO) mod tidy && \
+	  { git diff --exit-code -- go.mod go.sum || { echo "go mod tidy changed .ci/publish/go.mod or go.sum"; exit 1; }; }
+	@# The modules that require the library at the next release's version with no
+	@# replace directive (the CLI, the gRPC and Connect adapters: installable with
+	@# go install/go get) cannot be tidied against proxy.golang.org before that
+	@# release exists. release-proxy releases the working tree into a proxy on disk,
+	@# tidies them against it, and fails if that changes their go.mod, or their
+	@# go.sum beyond the library's own lines: those cannot be committed before the
+	@# release exists (their checksums are the release's), so they are ignored.
+	@echo "== tidy against a release of the working tree: $$(bash .ci/release-proxy --list | tr '\n' ' ')"; \
+	  tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && bash .ci/release-proxy "$$tmp"
 	@.ci/check-lean
+
+test-install: ## Release the working tree into a module proxy on disk, then go install the CLI and go get the library from it in fresh modules.
+	bash .ci/test-install
 
 fuzz: ## Fuzz the refill math and the input validation for longer (FUZZLONG=5m each).
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
@@ -49,4 +66,4 @@ bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redi
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
 	cd integration_test && $(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./...
 
-.PHONY: help demo test test-integration test-pg-versions lint fuzz bench bench-peers
+.PHONY: help demo test test-install test-integration test-pg-versions lint fuzz bench bench-peers
