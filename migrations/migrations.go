@@ -103,9 +103,10 @@ func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
 // citus extension.
 var ErrNoCitus = errors.New("pgratelimit migrations: the citus extension is not installed in this database; run CREATE EXTENSION citus on the coordinator first")
 
-// Distribute distributes both bucket tables by key across a Citus cluster
-// (create_distributed_table), so that every statement of a check routes to
-// the one shard that holds its key. Run it on the coordinator after Up;
+// Distribute distributes the bucket tables and the grants table by key
+// across a Citus cluster (create_distributed_table, colocated), so that
+// every statement of a check routes to the one shard that holds its key. Run
+// it on the coordinator after Up (and again after an Up that added a table);
 // running it again is a no-op. It returns ErrNoCitus when the citus
 // extension is missing.
 func Distribute(ctx context.Context, db *sql.DB) error {
@@ -116,7 +117,10 @@ func Distribute(ctx context.Context, db *sql.DB) error {
 	if !citus {
 		return ErrNoCitus
 	}
-	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets"} {
+	// Tables distributed by the same text column are colocated by default:
+	// a key's grants live on its buckets' node, so a check's statements all
+	// route to one node.
+	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets", "pgratelimit_grants"} {
 		var exists, distributed bool
 		err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&exists, &distributed)

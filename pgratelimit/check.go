@@ -34,6 +34,7 @@ type charge struct {
 	row    row
 	policy policy
 	cost   int64
+	grants bool // spend the key's grants after the bucket (Config.Grants)
 }
 
 // request is one check: one or more charges decided together, all or
@@ -58,10 +59,11 @@ func (q *request) rows() []row {
 }
 
 // decide applies q to the buckets as stored (brought to now by each charge's
-// policy) and records its outcome; when it is allowed, stored takes the new
-// buckets. A denied request changes nothing, exactly as if the buckets had
-// been read from the table one check at a time.
-func (q *request) decide(stored map[row]bucket, now time.Time) {
+// policy) and, for charges with grants, to the key's grants, and records its
+// outcome; when it is allowed, stored and grants take the new state. A
+// denied request changes nothing, exactly as if the rows had been read from
+// the tables one check at a time.
+func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time.Time) {
 	results := make([]Result, len(q.charges))
 	var buf [2 * 4]bucket // next and loaded of up to 4 charges, without allocating
 	next, loaded := buf[:0:4], buf[4:4]
@@ -69,12 +71,22 @@ func (q *request) decide(stored map[row]bucket, now time.Time) {
 		next, loaded = make([]bucket, 0, len(q.charges)), make([]bucket, 0, len(q.charges))
 	}
 	next, loaded = next[:len(q.charges)], loaded[:len(q.charges)]
+	var spent [][]grant // the grants after each charge; nil unless a charge has grants
 	allowed := true
 	for i, c := range q.charges {
 		loaded[i] = c.policy.load(stored[c.row], now)
-		if q.give {
+		switch {
+		case q.give:
 			next[i], results[i] = c.policy.give(loaded[i], now, c.cost)
-		} else {
+			if c.grants {
+				results[i].Granted = granted(grants[c.row], now)
+			}
+		case c.grants:
+			if spent == nil {
+				spent = make([][]grant, len(q.charges))
+			}
+			next[i], spent[i], results[i] = c.policy.takeWithGrants(loaded[i], grants[c.row], now, c.cost)
+		default:
 			next[i], results[i] = c.policy.take(loaded[i], now, c.cost)
 		}
 		allowed = allowed && results[i].Allowed
@@ -85,10 +97,16 @@ func (q *request) decide(stored map[row]bucket, now time.Time) {
 		case !allowed && results[i].Allowed:
 			// This bucket had enough, another did not: nothing is taken.
 			results[i] = c.policy.result(loaded[i], now, c.cost, true)
+			if c.grants {
+				results[i].Granted = granted(grants[c.row], now)
+			}
 		case allowed && (!q.give || next[i].tokens != loaded[i].tokens):
 			// (A refund to a full bucket writes nothing: the row keeps
 			// meaning what it meant, e.g. a missing row stays missing.)
 			stored[c.row] = next[i]
+			if spent != nil && spent[i] != nil {
+				grants[c.row] = spent[i]
+			}
 		}
 		retry = max(retry, results[i].RetryAfter)
 	}

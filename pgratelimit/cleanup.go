@@ -51,7 +51,8 @@ func (o *CleanupOptions) setDefaults() error {
 
 // CleanupStats describes one cleanup run.
 type CleanupStats struct {
-	// Deleted is the number of rows deleted, over both tables.
+	// Deleted is the number of rows deleted, over the bucket tables and
+	// the grants table.
 	Deleted int64
 	// Batches is the number of delete transactions run.
 	Batches int
@@ -71,7 +72,8 @@ const cleanupLockID int64 = 0x7067726c636c6e
 
 // DeleteExpired deletes the rows of both bucket tables (durable and
 // ephemeral) whose expires_at has passed: buckets that are full again, which
-// a check treats exactly like missing rows, so deleting them never changes a
+// a check treats exactly like missing rows, and the grants that are spent or
+// expired, which no check spends; so deleting them never changes a
 // decision. It deletes in batches of opts.BatchSize, one short transaction
 // each, skipping rows that a check has locked (FOR UPDATE SKIP LOCKED), until
 // a batch comes back short or ctx ends. It returns the number of rows
@@ -95,8 +97,9 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	if err != nil {
 		return st, err
 	}
-	for _, table := range []string{DurableTable, EphemeralTable} {
-		del := d.deleter(table)
+	for _, ct := range cleanupTables {
+		del := d.deleter(ct)
+		table := ct.name
 		for {
 			if err := ctx.Err(); err != nil {
 				return st, err
@@ -122,6 +125,23 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 		}
 	}
 	return st, nil
+}
+
+// cleanupTable is a table cleanup deletes dead rows of.
+type cleanupTable struct {
+	name string
+	// dead is the SQL condition of the rows to delete, given the SQL of
+	// the time.
+	dead func(now string) string
+	// order is the ORDER BY of the rows to delete first, if any.
+	order string
+}
+
+// cleanupTables: buckets full again (expired), and grants spent or expired.
+var cleanupTables = []cleanupTable{
+	{DurableTable, func(now string) string { return "expires_at <= " + now }, "ORDER BY expires_at"},
+	{EphemeralTable, func(now string) string { return "expires_at <= " + now }, "ORDER BY expires_at"},
+	{GrantsTable, func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }, ""},
 }
 
 // deleter deletes one batch of expired rows in tx: how many, and whether

@@ -74,7 +74,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	default:
 		return nil, fmt.Errorf("%w: Dialect must be DetectDialect, Postgres or Citus, got %d", ErrInvalidConfig, int(cfg.Dialect))
 	}
-	c := newClient(pool, cmp(cfg.CoalesceConns, defaultCoalesceConns))
+	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	if cfg.Dialect != DetectDialect {
 		c.setDialect(dialectOf(cfg.Dialect))
 		return c, nil
@@ -92,8 +92,8 @@ func newClient(pool *pgxpool.Pool, coalesceConns int) *Client {
 	return c
 }
 
-// cmp is v, or def when v is zero.
-func cmp(v, def int) int {
+// orDefault is v, or def when v is zero.
+func orDefault(v, def int) int {
 	if v == 0 {
 		return def
 	}

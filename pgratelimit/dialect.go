@@ -45,8 +45,8 @@ type dialect interface {
 	// oneRowBatches says that a coalesced batch holds the checks of one
 	// row only.
 	oneRowBatches() bool
-	// deleter deletes a batch of table's expired rows.
-	deleter(table string) deleter
+	// deleter deletes a batch of t's dead rows.
+	deleter(t cleanupTable) deleter
 }
 
 func dialectOf(d Dialect) dialect {
@@ -80,12 +80,12 @@ func (postgres) set(pairs []string) []stmt {
 
 func (postgres) oneRowBatches() bool { return false }
 
-// deleter: the oldest expired rows that no check holds.
-func (postgres) deleter(table string) deleter {
-	t := pgx.Identifier{table}.Sanitize()
+// deleter: the oldest dead rows that no check holds.
+func (postgres) deleter(ct cleanupTable) deleter {
+	t := pgx.Identifier{ct.name}.Sanitize()
 	del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + t + ` WHERE expires_at <= COALESCE($1::timestamptz, now())
-	ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+	SELECT ctid FROM ` + t + ` WHERE ` + ct.dead("COALESCE($1::timestamptz, now())") + `
+	` + ct.order + ` LIMIT $2 FOR UPDATE SKIP LOCKED))`
 	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
 		tag, err := tx.Exec(ctx, del, now, batchSize)
 		n := tag.RowsAffected()
@@ -119,17 +119,17 @@ func (citus) oneRowBatches() bool { return true }
 // deleter: the same DELETE on every shard, run there by
 // run_command_on_shards, since Citus cannot lock rows by ctid across shards.
 // The time is the coordinator's.
-func (citus) deleter(table string) deleter {
+func (citus) deleter(ct cleanupTable) deleter {
 	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
        coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
        coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
 FROM run_command_on_shards($1::regclass, format(
-  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE expires_at <= %L ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED))',
+  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ` + ct.dead("%L") + ` ` + ct.order + ` LIMIT %s FOR UPDATE SKIP LOCKED))',
   COALESCE($2::timestamptz, now()), $3::int))`
 	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
 		var n, most int64
 		var failed string
-		if err := tx.QueryRow(ctx, del, table, now, batchSize).Scan(&n, &most, &failed); err != nil {
+		if err := tx.QueryRow(ctx, del, ct.name, now, batchSize).Scan(&n, &most, &failed); err != nil {
 			return 0, false, err
 		}
 		if failed != "" {

@@ -71,7 +71,16 @@ func validateKey(key string) error {
 	return nil
 }
 
-// validateCost checks a check's cost against the policy.
+// validateCost checks a check's cost against the limiter's policy: a cost
+// above Capacity could never be allowed, unless grants may cover the rest.
+func (l *Limiter) validateCost(cost int64) error {
+	if l.cfg.Grants && cost >= 1 {
+		return nil
+	}
+	return l.p.validateCost(cost)
+}
+
+// validateCost checks a check's cost against the bucket's policy.
 func (p policy) validateCost(cost int64) error {
 	if cost < 1 {
 		return fmt.Errorf("%w: %d is below 1", ErrInvalidCost, cost)

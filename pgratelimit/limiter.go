@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -72,6 +73,17 @@ type Config struct {
 	// Storage chooses the durable (logged) or ephemeral (UNLOGGED) table.
 	// Defaults to Durable.
 	Storage Storage
+
+	// Grants lets the limiter's checks spend credits granted to a key
+	// beyond its bucket (Limiter.Grant): a check takes from the bucket
+	// first, then from the key's live grants, soonest-expiring first, all
+	// or nothing. A check may then cost more than Capacity: it is allowed
+	// when the bucket and the grants together hold its cost. Grants belong
+	// to a Prefix and key, like buckets. A key without grants costs no extra
+	// round trip (its grants are read with its bucket's row). Needs Storage
+	// Durable. Defaults to false: grants are neither read nor spent, and a
+	// cost above Capacity is ErrCostExceedsCapacity.
+	Grants bool
 
 	// Clock, when set, replaces the database's clock: every check uses
 	// Clock() as the current time. Meant for tests and simulations; in
@@ -165,6 +177,9 @@ func (c Config) validate() error {
 	if c.Storage != Durable && c.Storage != Ephemeral {
 		return bad("Storage must be Durable or Ephemeral, got %d", int(c.Storage))
 	}
+	if c.Grants && c.Storage != Durable {
+		return bad("Grants needs Storage Durable: grants are credits, kept in a logged table")
+	}
 	return nil
 }
 
@@ -179,10 +194,15 @@ type Result struct {
 	Remaining int64
 	// RetryAfter is, for a denied check, how long until enough whole refills
 	// have happened for the same cost to be allowed (if nothing else takes
-	// tokens meanwhile). Zero when allowed.
+	// tokens meanwhile, and no grant expires). Zero when allowed;
+	// InfDuration when refills alone never can (a cost above Capacity plus
+	// the key's grants).
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration
+	// Granted is the credits the key's live grants hold after this check,
+	// beyond Remaining (limiters with Config.Grants; 0 otherwise).
+	Granted int64
 }
 
 // Limiter is a token-bucket rate limiter whose buckets live in PostgreSQL,
@@ -222,7 +242,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 	}
 	c := defaultClient(pool)
 	if !cfg.DisableCoalescing {
-		c.co.atLeast(max(min(cmp(cfg.CoalesceConns, defaultCoalesceConns), int(pool.Config().MaxConns)), 1))
+		c.co.atLeast(max(min(orDefault(cfg.CoalesceConns, defaultCoalesceConns), int(pool.Config().MaxConns)), 1))
 	}
 	return newLimiter(c, cfg)
 }
@@ -296,8 +316,9 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 }
 
 // Peek reports key's bucket as it is now without taking or writing anything.
-// Remaining is the tokens it holds, Allowed whether a check of cost 1 would be
-// allowed, and RetryAfter, when it would not, how long until it would.
+// Remaining is the tokens it holds, Granted the credits of the key's live
+// grants (Config.Grants), Allowed whether a check of cost 1 would be allowed,
+// and RetryAfter, when it would not, how long until it would.
 func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
@@ -310,16 +331,27 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		tokens                *int64
 		refilledAt, expiresAt *time.Time
 		now                   time.Time
+		granted               int64
 	)
-	err := l.client.pool.QueryRow(ctx, l.cfg.Storage.statements().peek, l.cfg.Prefix, key, l.clock.param()).Scan(&tokens, &refilledAt, &expiresAt, &now)
-	if err != nil {
+	b := &pgx.Batch{}
+	b.Queue(l.cfg.Storage.statements().peek, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&tokens, &refilledAt, &expiresAt, &now)
+	})
+	if l.cfg.Grants {
+		b.Queue(grantSQL.sum, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
+			return r.Scan(&granted)
+		})
+	}
+	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
 		return Result{}, dbError("peek "+quoteKey(key), err)
 	}
-	b := l.p.fresh(now)
+	bk := l.p.fresh(now)
 	if tokens != nil {
-		b = l.p.load(bucket{tokens: *tokens, refilledAt: *refilledAt, expiresAt: *expiresAt}, now)
+		bk = l.p.load(bucket{tokens: *tokens, refilledAt: *refilledAt, expiresAt: *expiresAt}, now)
 	}
-	return l.p.result(b, now, 1, b.tokens >= 1), nil
+	r := l.p.result(bk, now, 1, bk.tokens >= 1 || granted >= 1)
+	r.Granted = granted
+	return r, nil
 }
 
 // Reset makes key's bucket full again by deleting its row; its refill grid

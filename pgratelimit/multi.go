@@ -94,7 +94,7 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		if err := validateKey(c.Key); err != nil {
 			return nil, nil, err
 		}
-		if err := l.p.validateCost(c.Cost); err != nil {
+		if err := l.validateCost(c.Cost); err != nil {
 			return nil, nil, err
 		}
 		r := l.row(c.Key)
@@ -103,7 +103,7 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 			j++
 		}
 		if j == len(q.charges) {
-			q.charges = append(q.charges, charge{row: r, policy: l.p})
+			q.charges = append(q.charges, charge{row: r, policy: l.p, grants: l.cfg.Grants})
 		}
 		if q.charges[j].cost > math.MaxInt64-c.Cost {
 			// Past int64, so past every capacity.
@@ -113,7 +113,7 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		if q.of != nil {
 			q.of[i] = j
 		}
-		if q.charges[j].cost > l.p.capacity {
+		if q.charges[j].cost > l.p.capacity && !q.charges[j].grants {
 			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.charges[j].cost, l.p.capacity)
 		}
 	}

@@ -77,6 +77,9 @@ type plan struct {
 	mode  lockMode // of the first attempt
 	shape shape
 	clock any // the clock parameter, read once
+	// spendsGrants: a charge spends grants (Config.Grants), so the durable
+	// rows are locked with their grants (see statements.lockGrants).
+	spendsGrants bool
 
 	rows      []row                    // distinct, in lock order
 	horizons  map[row]time.Duration    // of new rows (see statements.insert)
@@ -94,6 +97,7 @@ func newPlan(reqs []*request, set settings, own bool, mode lockMode) *plan {
 	for _, q := range reqs {
 		for _, c := range q.charges {
 			p.rows = append(p.rows, c.row)
+			p.spendsGrants = p.spendsGrants || c.grants
 			if _, ok := p.horizons[c.row]; !ok && !q.give {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
@@ -133,13 +137,19 @@ type attempt struct {
 	*plan
 	ctx    context.Context
 	mode   lockMode
-	stored map[row]bucket // the rows locked, then as decided
-	orig   map[row]bucket // the rows as locked
-	now    time.Time      // the clock, after the locks
+	stored map[row]bucket  // the rows locked, then as decided
+	orig   map[row]bucket  // the rows as locked
+	grants map[row][]grant // the grants of the rows locked (spendsGrants), then as decided
+	read   map[row][]grant // the grants as locked
+	now    time.Time       // the clock, after the locks
 }
 
 func (p *plan) attempt(ctx context.Context, mode lockMode) *attempt {
-	return &attempt{plan: p, ctx: ctx, mode: mode, stored: make(map[row]bucket, len(p.rows))}
+	a := &attempt{plan: p, ctx: ctx, mode: mode, stored: make(map[row]bucket, len(p.rows))}
+	if p.spendsGrants {
+		a.read = make(map[row][]grant)
+	}
+	return a
 }
 
 // settingPairs are the names and values set right after BEGIN: of our own
@@ -177,7 +187,11 @@ func (a *attempt) open() []stmt {
 	return stmts
 }
 
-// scanInto reads locked rows of storage s, with the clock.
+// withGrants says whether a's statements over rows of s read their grants.
+func (a *attempt) withGrants(s Storage) bool { return a.spendsGrants && s == Durable }
+
+// scanInto reads locked rows of storage s, with the clock, and with their
+// grants when withGrants (a row per grant, or one with NULL grant columns).
 func (a *attempt) scanInto(s Storage) func(rowScanner) error {
 	return func(rs rowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
@@ -186,13 +200,26 @@ func (a *attempt) scanInto(s Storage) func(rowScanner) error {
 			r     row
 			b     bucket
 			clock time.Time
+			id, amount *int64 // NULL: no grant
+			exp        *time.Time
 		)
+		dest := []any{&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock}
+		if a.withGrants(s) {
+			dest = append(dest, &id, &amount, &exp)
+		}
 		for rs.Next() {
-			r, b = row{storage: s}, bucket{}
-			if err := rs.Scan(&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock); err != nil {
+			r, b, id, amount, exp = row{storage: s}, bucket{}, nil, nil, nil
+			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
 			a.stored[r] = b
+			if id != nil {
+				g := grant{id: *id, amount: *amount}
+				if exp != nil {
+					g.expiresAt = *exp
+				}
+				a.read[r] = append(a.read[r], g)
+			}
 			// Rows are locked in order, so the last clock read is after
 			// every lock is held.
 			if clock.After(a.now) {
@@ -241,6 +268,14 @@ func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 	}
 
 	a.orig = maps.Clone(a.stored)
+	if a.read != nil {
+		// Spent soonest-expiring first, never-expiring last.
+		a.grants = make(map[row][]grant, len(a.read))
+		for r, gs := range a.read {
+			slices.SortFunc(gs, compareGrants)
+			a.grants[r] = gs
+		}
+	}
 	blocked := missing
 	for _, q := range a.reqs {
 		if err := q.ctx.Err(); err != nil {
@@ -255,7 +290,7 @@ func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 			continue
 		}
 		q.err = nil
-		q.decide(a.stored, a.now)
+		q.decide(a.stored, a.grants, a.now)
 	}
 	return deferred, nil
 }
@@ -273,10 +308,33 @@ func (a *attempt) close() []stmt {
 	for s, part := range byStorage(changed) {
 		stmts = append(stmts, a.shape.update(s, part, a)...)
 	}
+	if spent := a.spent(); len(spent) > 0 {
+		stmts = append(stmts, a.shape.spend(spent)...)
+	}
 	if a.own {
 		stmts = append(stmts, stmt{sql: "COMMIT"})
 	}
 	return stmts
+}
+
+// spent is the grants whose amounts a's decisions changed, in lock order.
+func (a *attempt) spent() []spentGrant {
+	var out []spentGrant
+	for _, r := range a.rows {
+		read := a.read[r]
+		for i, g := range a.grants[r] {
+			if g.amount != read[i].amount {
+				out = append(out, spentGrant{r, g})
+			}
+		}
+	}
+	return out
+}
+
+// spentGrant is a grant of row r whose amount a check changed.
+type spentGrant struct {
+	r row
+	g grant
 }
 
 // insertGuard bounds how long a coalesced batch's INSERT may wait for

@@ -17,6 +17,8 @@ type shape interface {
 	lock(s Storage, rows []row, a *attempt) []stmt
 	relock(s Storage, rows []row, a *attempt) []stmt
 	update(s Storage, rows []row, a *attempt) []stmt
+	// spend sets the amounts of the grants a check spent from.
+	spend(spent []spentGrant) []stmt
 	// settings are the setting pairs the shape's statements need in an own
 	// transaction.
 	settings() []string
@@ -35,19 +37,16 @@ func (oneRow) insert(s Storage, rows []row, a *attempt) []stmt {
 }
 
 func (oneRow) lock(s Storage, rows []row, a *attempt) []stmt {
-	sql, scan := s.statements().one.lock, a.scanInto(s)
-	if a.mode != waitLocks {
-		sql = s.statements().one.lockSkip
-	}
+	sql, scan := a.lockSQL(&s.statements().one, s), a.scanInto(s)
 	return perRow(rows, func(r row) stmt {
 		return stmt{sql: sql, args: []any{r.prefix, r.key, a.clock}, scan: scan}
 	})
 }
 
 func (oneRow) relock(s Storage, rows []row, a *attempt) []stmt {
-	scan := a.scanInto(s)
+	sql, scan := a.relockSQL(&s.statements().one, s), a.scanInto(s)
 	return perRow(rows, func(r row) stmt {
-		return stmt{sql: s.statements().one.relock, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan}
+		return stmt{sql: sql, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan}
 	})
 }
 
@@ -56,6 +55,14 @@ func (oneRow) update(s Storage, rows []row, a *attempt) []stmt {
 		b := a.stored[r]
 		return stmt{sql: s.statements().one.update, args: []any{r.prefix, r.key, b.tokens, b.refilledAt, b.expiresAt}}
 	})
+}
+
+func (oneRow) spend(spent []spentGrant) []stmt {
+	stmts := make([]stmt, len(spent))
+	for i, sg := range spent {
+		stmts[i] = stmt{sql: grantSQL.spendOne, args: []any{sg.r.prefix, sg.r.key, sg.g.id, sg.g.amount}}
+	}
+	return stmts
 }
 
 func (oneRow) settings() []string { return nil }
@@ -77,15 +84,11 @@ func (arrays) insert(s Storage, rows []row, a *attempt) []stmt {
 }
 
 func (arrays) lock(s Storage, rows []row, a *attempt) []stmt {
-	sql := s.statements().many.lock
-	if a.mode != waitLocks {
-		sql = s.statements().many.lockSkip
-	}
-	return []stmt{{sql: sql, args: []any{prefixArray(rows), keyArray(rows), a.clock}, scan: a.scanInto(s)}}
+	return []stmt{{sql: a.lockSQL(&s.statements().many, s), args: []any{prefixArray(rows), keyArray(rows), a.clock}, scan: a.scanInto(s)}}
 }
 
 func (arrays) relock(s Storage, rows []row, a *attempt) []stmt {
-	return []stmt{{sql: s.statements().many.relock, args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, scan: a.scanInto(s)}}
+	return []stmt{{sql: a.relockSQL(&s.statements().many, s), args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, scan: a.scanInto(s)}}
 }
 
 func (arrays) update(s Storage, rows []row, a *attempt) []stmt {
@@ -97,6 +100,15 @@ func (arrays) update(s Storage, rows []row, a *attempt) []stmt {
 	}}}
 }
 
+func (arrays) spend(spent []spentGrant) []stmt {
+	return []stmt{{sql: grantSQL.spendMany, args: []any{
+		textArray(len(spent), func(i int) string { return spent[i].r.prefix }),
+		textArray(len(spent), func(i int) string { return spent[i].r.key }),
+		int64Array(len(spent), func(i int) int64 { return spent[i].g.id }),
+		int64Array(len(spent), func(i int) int64 { return spent[i].g.amount }),
+	}}}
+}
+
 // settings plan the array statements once per connection (a generic plan),
 // and only as nested loops over the arrays with an index lookup per row: the
 // plan that fits a batch whatever the table's size or statistics were when
@@ -105,6 +117,29 @@ func (arrays) update(s Storage, rows []row, a *attempt) []stmt {
 func (arrays) settings() []string {
 	return []string{"plan_cache_mode", "force_generic_plan",
 		"enable_seqscan", "off", "enable_hashjoin", "off", "enable_mergejoin", "off"}
+}
+
+// lockSQL is the locking statement of ts for a's lock mode, reading grants
+// when a does for rows of s.
+func (a *attempt) lockSQL(ts *tableStatements, s Storage) string {
+	switch skip := a.mode != waitLocks; {
+	case a.withGrants(s) && skip:
+		return ts.lockSkipGrants
+	case a.withGrants(s):
+		return ts.lockGrants
+	case skip:
+		return ts.lockSkip
+	}
+	return ts.lock
+}
+
+// relockSQL is the relock statement of ts, reading grants when a does for
+// rows of s.
+func (a *attempt) relockSQL(ts *tableStatements, s Storage) string {
+	if a.withGrants(s) {
+		return ts.relockGrants
+	}
+	return ts.relock
 }
 
 // byStorage yields the parts of sorted rows that share a table, in order.

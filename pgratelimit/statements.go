@@ -1,6 +1,7 @@
 package pgratelimit
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,13 @@ type tableStatements struct {
 	relock string
 	// update writes the rows a check changed.
 	update string
+	// lockGrants, lockSkipGrants and relockGrants are lock, lockSkip and
+	// relock that also read the key's grants (amount > 0; expiry is judged
+	// in Go, by the check's clock), locked, only for the rows whose lock
+	// they hold: a row per grant, or one with NULL grant columns. The
+	// statements of a transaction that charges a limiter with
+	// Config.Grants.
+	lockGrants, lockSkipGrants, relockGrants string
 }
 
 // placeholderTime is the refilled_at of a placeholder row: Go's zero time,
@@ -63,30 +71,61 @@ func expiryOf(horizon string) string {
 
 func newStatements(table string) statements {
 	t := pgx.Identifier{table}.Sanitize()
+	g := pgx.Identifier{GrantsTable}.Sanitize()
 	rows := `unnest($1::text::text[], $2::text::text[])`
 	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+	// grantsOf joins the grants of the rows named b (or r: arrays) that
+	// the statement holds.
+	grantsOf := func(b string) string {
+		return `
+LEFT JOIN LATERAL (SELECT id, amount, expires_at FROM ` + g + `
+                   WHERE prefix = ` + b + `.prefix AND key = ` + b + `.key AND amount > 0 FOR UPDATE) g ON true`
+	}
+	const grantCols = `, g.id, g.amount, g.expires_at`
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, COALESCE($3::timestamptz, clock_timestamp())%[2]s
 FROM ` + rows + ` AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
-         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%s) t`
-	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
+	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())%[2]s
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
-      WHERE prefix = $1 AND key = $2 FOR UPDATE%s) b`
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
+	variant := func(q, skip string, grants bool) string {
+		if grants {
+			alias := "b"
+			if strings.Contains(q, "AS r(prefix, key)") {
+				alias = "r"
+			}
+			return fmt.Sprintf(q, skip, grantCols, grantsOf(alias))
+		}
+		return fmt.Sprintf(q, skip, "", "")
+	}
+	// relock upserts rows of values, returning them locked.
+	relock := func(values string) string {
+		return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+` + values + `
+ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`
+	}
+	relockGrants := func(values string) string {
+		return `WITH b AS (` + relock(values) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.clock` + grantCols + `
+FROM b` + grantsOf("b")
+	}
+	valuesMany := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
+FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
+ORDER BY r.i`
+	valuesOne := `VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)`
 	return statements{
 		many: tableStatements{
 			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
-ORDER BY r.i
+` + valuesMany + `
 ON CONFLICT (prefix, key) DO NOTHING`,
-			lock:     strings.Replace(lock, "%s", "", 1),
-			lockSkip: strings.Replace(lock, "%s", " SKIP LOCKED", 1),
-			relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
-SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
-ORDER BY r.i
-ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
+			lock:           variant(lock, "", false),
+			lockSkip:       variant(lock, " SKIP LOCKED", false),
+			lockGrants:     variant(lock, "", true),
+			lockSkipGrants: variant(lock, " SKIP LOCKED", true),
+			relock:         relock(valuesMany),
+			relockGrants:   relockGrants(valuesMany),
 			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
      AS r(prefix, key, tokens, refilled_at, expires_at)
@@ -94,15 +133,15 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 		},
 		one: tableStatements{
 			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)
+` + valuesOne + `
 ON CONFLICT (prefix, key) DO NOTHING`,
-			lock:     strings.Replace(lock1, "%s", "", 1),
-			lockSkip: strings.Replace(lock1, "%s", " SKIP LOCKED", 1),
-			relock: `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
-VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)
-ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`,
-			update: `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
+			lock:           variant(lock1, "", false),
+			lockSkip:       variant(lock1, " SKIP LOCKED", false),
+			lockGrants:     variant(lock1, "", true),
+			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
+			relock:         relock(valuesOne),
+			relockGrants:   relockGrants(valuesOne),
+			update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
 		},
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
@@ -179,3 +218,35 @@ func interval(d time.Duration) string {
 	b = append(b, frac[1:]...)
 	return string(append(b, " seconds"...))
 }
+
+// GrantsTable is the table of grants (Limiter.Grant), created by the
+// migrations in package migrations.
+const GrantsTable = "pgratelimit_grants"
+
+// grantStatements are the statements of the grants table beside a check's
+// (which reads grants with the bucket rows, see lockGrants). A grant's
+// expires_at is NULL when it never expires.
+type grantStatements struct {
+	// spendOne and spendMany set the amounts of grants a check spent from.
+	spendOne, spendMany string
+	// add inserts a grant; list reads a key's live grants; sum adds up
+	// their amounts (saturating at int64).
+	add, list, sum string
+}
+
+var grantSQL = func() grantStatements {
+	t := pgx.Identifier{GrantsTable}.Sanitize()
+	return grantStatements{
+		spendOne: `UPDATE ` + t + ` SET amount = $4 WHERE prefix = $1 AND key = $2 AND id = $3`,
+		spendMany: `UPDATE ` + t + ` AS g SET amount = r.amount
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[]) AS r(prefix, key, id, amount)
+WHERE g.prefix = r.prefix AND g.key = r.key AND g.id = r.id`,
+		add: `INSERT INTO ` + t + ` (prefix, key, amount, expires_at) VALUES ($1, $2, $3, $4::text::timestamptz)
+RETURNING id, granted_at`,
+		list: `SELECT id, amount, expires_at, granted_at FROM ` + t + `
+WHERE prefix = $1 AND key = $2 AND amount > 0 AND (expires_at IS NULL OR expires_at > COALESCE($3::timestamptz, clock_timestamp()))
+ORDER BY expires_at NULLS LAST, id`,
+		sum: `SELECT LEAST(coalesce(sum(amount), 0), 9223372036854775807)::bigint FROM ` + t + `
+WHERE prefix = $1 AND key = $2 AND amount > 0 AND (expires_at IS NULL OR expires_at > COALESCE($3::timestamptz, clock_timestamp()))`,
+	}
+}()
