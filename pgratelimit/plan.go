@@ -197,9 +197,9 @@ func (a *attempt) scanInto(s Storage) func(rowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
 		// them to the heap.
 		var (
-			r     row
-			b     bucket
-			clock time.Time
+			r          row
+			b          bucket
+			clock      time.Time
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
 		)
