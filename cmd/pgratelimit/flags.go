@@ -143,6 +143,9 @@ func (f *flags) poolConfig() (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
+// grants says whether the command's limiter has grants: durable storage.
+func (f *flags) grants() bool { return f.storage == "durable" }
+
 // withPolicy adds the limiter policy flags.
 func (f *flags) withPolicy() *flags {
 	f.hasPolicy = true
@@ -353,6 +356,7 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	switch f.storage {
 	case "durable":
 		cfg.Storage = pgratelimit.Durable
+		cfg.Grants = true // the CLI sees and spends grants as a limiter with Config.Grants does
 	case "ephemeral":
 		cfg.Storage = pgratelimit.Ephemeral
 	default:

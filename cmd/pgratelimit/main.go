@@ -64,6 +64,8 @@ func init() {
 		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied)", runAllow, 10 * time.Second, ""},
 		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, ""},
 		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, ""},
+		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T)", runGrant, 10 * time.Second, ""},
+		{"balance", "KEY", "show KEY's bucket and each of its live grants", runBalance, 10 * time.Second, ""},
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, ""},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never"},
@@ -82,7 +84,7 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nThe database comes from --database-url or $DATABASE_URL. Every command gives up")
 	fmt.Fprintf(w, "connecting after --connect-timeout (default %s) and its database work after\n", defaultConnectTimeout)
-	fmt.Fprintln(w, "--timeout (default 10s for allow, peek, refund and reset; 0: never).")
+	fmt.Fprintln(w, "--timeout (default 10s for allow, peek, refund, reset, grant and balance; 0: never).")
 	fmt.Fprintln(w, "Run 'pgratelimit COMMAND --help' for its flags.")
 	fmt.Fprintln(w, "Exit status: 0 allowed or done, 1 denied, 2 bad usage or error.")
 }
@@ -147,12 +149,13 @@ type resultJSON struct {
 	Refunded     int64  `json:"refunded,omitempty"`
 	Limit        int64  `json:"limit"`
 	Remaining    int64  `json:"remaining"`
+	Granted      int64  `json:"granted"`
 	RetryAfterMS int64  `json:"retry_after_ms"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
 }
 
 func newResultJSON(key string, r pgratelimit.Result) resultJSON {
-	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, RetryAfterMS: r.RetryAfter.Milliseconds(), ResetAfterMS: r.ResetAfter.Milliseconds()}
+	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, Granted: r.Granted, RetryAfterMS: r.RetryAfter.Milliseconds(), ResetAfterMS: r.ResetAfter.Milliseconds()}
 }
 
 // human formats a wait for people: to the millisecond below 10s, else to the
@@ -169,6 +172,22 @@ func human(d time.Duration) string {
 		d += unit - r
 	}
 	return d.String()
+}
+
+// grantedText mentions a key's grants, if it has any.
+func grantedText(r pgratelimit.Result) string {
+	if r.Granted == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" and %d granted", r.Granted)
+}
+
+// retryText says when a denied check may succeed.
+func retryText(r pgratelimit.Result) string {
+	if r.RetryAfter == pgratelimit.InfDuration {
+		return "refills alone will never cover it (grant more)"
+	}
+	return "retry in " + human(r.RetryAfter)
 }
 
 // fullness says when a bucket is full again.
@@ -194,6 +213,8 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		case *cost < 1:
 			return usagef("--cost must be at least 1, got %d", *cost)
 		case *cost > f.capacity && f.capacity > 0:
+			// (A limiter with Config.Grants allows such a cost when grants
+			// cover it; the CLI keeps its checks within the bucket.)
 			return usagef("--cost %d is more than the bucket's capacity (--capacity %d): such a check could never be allowed", *cost, f.capacity)
 		}
 		return nil
@@ -209,11 +230,11 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 			j.Allowed, j.Cost = &r.Allowed, *cost
 			f.printJSON(j)
 		} else if r.Allowed {
-			fmt.Fprintf(c.stdout, "allowed: took %s from %q: %d of %d left, %s\n",
-				plural(*cost, "token", "tokens"), key, r.Remaining, r.Limit, fullness(r))
+			fmt.Fprintf(c.stdout, "allowed: took %s from %q: %d of %d left%s, %s\n",
+				plural(*cost, "token", "tokens"), key, r.Remaining, r.Limit, grantedText(r), fullness(r))
 		} else {
-			fmt.Fprintf(c.stdout, "denied: %q has %d of %d tokens, not the %d asked for (nothing taken); retry in %s\n",
-				key, r.Remaining, r.Limit, *cost, human(r.RetryAfter))
+			fmt.Fprintf(c.stdout, "denied: %q has %d of %d tokens%s, not the %d asked for (nothing taken); %s\n",
+				key, r.Remaining, r.Limit, grantedText(r), *cost, retryText(r))
 		}
 		if !r.Allowed {
 			return exitDenied, nil
@@ -291,6 +312,121 @@ func runReset(ctx context.Context, c *cli, args []string) int {
 		}
 		return exitOK, nil
 	})
+}
+
+func runGrant(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "grant").withPolicy()
+	expires := f.String("expires", "", "when the grant expires: an RFC 3339 time, a date (midnight UTC), or a duration from now such as 720h (default: never)")
+	var n int64
+	var until time.Time
+	check := func(pos []string) error {
+		var err error
+		n, err = strconv.ParseInt(pos[1], 10, 64)
+		switch {
+		case err != nil:
+			return usagef("N, the credits to grant, must be a whole number, got %q", pos[1])
+		case n < 1:
+			return usagef("N, the credits to grant, must be at least 1, got %d", n)
+		case !f.grants():
+			return usagef("grants are kept for durable storage only (--storage durable)")
+		}
+		until, err = parseExpiry(*expires, time.Now())
+		return err
+	}
+	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
+		g, err := l.Grant(ctx, key, n, until)
+		if err != nil {
+			return 0, err
+		}
+		r, err := l.Peek(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		if f.json {
+			f.printJSON(map[string]any{"key": key, "grant": grantJSONOf(g), "granted": r.Granted, "remaining": r.Remaining, "limit": r.Limit})
+			return exitOK, nil
+		}
+		fmt.Fprintf(c.stdout, "granted %d to %q (grant %d, %s): %d granted in all, %d of %d in the bucket\n",
+			n, key, g.ID, expiryText(g.ExpiresAt), r.Granted, r.Remaining, r.Limit)
+		return exitOK, nil
+	})
+}
+
+func runBalance(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "balance").withPolicy()
+	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
+		r, err := l.Peek(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		var gs []pgratelimit.Grant
+		if f.grants() {
+			if gs, err = l.Grants(ctx, key); err != nil {
+				return 0, err
+			}
+		}
+		if f.json {
+			j := struct {
+				resultJSON
+				Grants []grantJSON `json:"grants"`
+			}{newResultJSON(key, r), []grantJSON{}}
+			for _, g := range gs {
+				j.Grants = append(j.Grants, grantJSONOf(g))
+			}
+			f.printJSON(j)
+			return exitOK, nil
+		}
+		fmt.Fprintf(c.stdout, "%q: %d of %d tokens in the bucket (%s); %d granted in %s\n",
+			key, r.Remaining, r.Limit, fullness(r), r.Granted, plural(int64(len(gs)), "live grant", "live grants"))
+		for _, g := range gs {
+			fmt.Fprintf(c.stdout, "  grant %d: %d left, %s (granted %s)\n", g.ID, g.Amount, expiryText(g.ExpiresAt), g.GrantedAt.UTC().Format(time.RFC3339))
+		}
+		return exitOK, nil
+	})
+}
+
+// grantJSON is a grant for --json.
+type grantJSON struct {
+	ID        int64      `json:"id"`
+	Amount    int64      `json:"amount"`
+	ExpiresAt *time.Time `json:"expires_at"` // null: never
+	GrantedAt time.Time  `json:"granted_at"`
+}
+
+func grantJSONOf(g pgratelimit.Grant) grantJSON {
+	j := grantJSON{ID: g.ID, Amount: g.Amount, GrantedAt: g.GrantedAt.UTC()}
+	if !g.ExpiresAt.IsZero() {
+		t := g.ExpiresAt.UTC()
+		j.ExpiresAt = &t
+	}
+	return j
+}
+
+func expiryText(t time.Time) string {
+	if t.IsZero() {
+		return "never expires"
+	}
+	return "expires " + t.UTC().Format(time.RFC3339)
+}
+
+// parseExpiry reads --expires: an RFC 3339 time, a date (midnight UTC), or
+// a duration after now; "" is never.
+func parseExpiry(s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return now.Add(d), nil
+	}
+	return time.Time{}, usagef("--expires must be an RFC 3339 time (2027-01-31T00:00:00Z), a date (2027-01-31) or a positive duration (720h), got %q", s)
 }
 
 type migrationRow struct {

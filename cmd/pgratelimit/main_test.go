@@ -283,13 +283,13 @@ func TestMessages(t *testing.T) {
 
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
-		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\n")
+		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\napplied 00003_create_grants.sql\n")
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
-		require.Contains(t, out, "nothing to apply: all 2 migrations are applied")
+		require.Contains(t, out, "nothing to apply: all 3 migrations are applied")
 		code, out, _ = pgrl(bare, "migrate", "down")
 		require.Equal(t, 0, code)
-		require.True(t, strings.HasPrefix(out, "rolled back 00002_index_expires_at.sql\n"), out)
+		require.True(t, strings.HasPrefix(out, "rolled back 00003_create_grants.sql\n"), out)
 	})
 
 	t.Run("a negative refund is a number, not a flag", func(t *testing.T) {
@@ -463,4 +463,100 @@ func TestMigrateDistributeWithoutCitus(t *testing.T) {
 	code, _, stderr := pgrl(url, "migrate", "distribute")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "citus extension is not installed")
+}
+
+// grant adds credits, balance shows them, allow spends the bucket first and
+// then the grants (the README's example: 2 in the bucket and 10 granted, a
+// check of 4 leaves 0 and 8).
+func TestGrantAndBalance(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewSchema(t).URL(t)
+	policy := []string{"--prefix", "credits", "--capacity", "10", "--refill", "10", "--interval", "720h"}
+	with := func(args ...string) []string { return append(args, policy...) }
+
+	code, out, stderr := pgrl(url, with("allow", "acme", "--cost", "8")...)
+	require.Equal(t, 0, code, stderr)
+	code, out, stderr = pgrl(url, with("grant", "acme", "10")...)
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `^granted 10 to "acme" \(grant \d+, never expires\): 10 granted in all, 2 of 10 in the bucket\n$`, out)
+
+	code, out, _ = pgrl(url, with("allow", "acme", "--cost", "4")...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, `allowed: took 4 tokens from "acme": 0 of 10 left and 8 granted`)
+
+	code, out, _ = pgrl(url, with("allow", "acme", "--cost", "9")...)
+	require.Equal(t, 1, code, "denied exits 1")
+	require.Contains(t, out, `denied: "acme" has 0 of 10 tokens and 8 granted, not the 9 asked for (nothing taken)`)
+
+	code, out, stderr = pgrl(url, with("grant", "acme", "5", "--expires", "2999-01-01")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, "expires 2999-01-01T00:00:00Z): 13 granted in all")
+	code, _, stderr = pgrl(url, with("grant", "acme", "7", "--expires", "2000-01-01T00:00:00Z")...)
+	require.Equal(t, 0, code, stderr)
+
+	code, out, _ = pgrl(url, with("balance", "acme")...)
+	require.Equal(t, 0, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 3, out)
+	require.Contains(t, lines[0], `"acme": 0 of 10 tokens in the bucket`)
+	require.Contains(t, lines[0], "13 granted in 2 live grants")
+	require.Regexp(t, `^  grant \d+: 5 left, expires 2999-01-01T00:00:00Z`, lines[1], "soonest-expiring first")
+	require.Regexp(t, `^  grant \d+: 8 left, never expires`, lines[2])
+
+	code, out, _ = pgrl(url, with("balance", "acme", "--json")...)
+	require.Equal(t, 0, code)
+	var bal struct {
+		Remaining int64 `json:"remaining"`
+		Granted   int64 `json:"granted"`
+		Grants    []struct {
+			Amount    int64      `json:"amount"`
+			ExpiresAt *time.Time `json:"expires_at"`
+		} `json:"grants"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &bal))
+	require.Equal(t, int64(13), bal.Granted)
+	require.Len(t, bal.Grants, 2)
+	require.NotNil(t, bal.Grants[0].ExpiresAt)
+	require.Nil(t, bal.Grants[1].ExpiresAt)
+
+	for _, bad := range [][]string{
+		with("grant", "acme", "0"),
+		with("grant", "acme", "lots"),
+		with("grant", "acme", "5", "--expires", "soon"),
+		append(with("grant", "acme", "5"), "--storage", "ephemeral"),
+	} {
+		code, _, stderr := pgrl(url, bad...)
+		require.Equal(t, 2, code, "%v: %s", bad, stderr)
+	}
+}
+
+// Concurrent CLI checks spend a key's bucket and grants exactly.
+func TestAllowSpendsGrantsExactly(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewSchema(t).URL(t)
+	policy := []string{"--prefix", "par", "--capacity", "5", "--refill", "5", "--interval", "720h"}
+	code, _, stderr := pgrl(url, append([]string{"grant", "k", "15"}, policy...)...)
+	require.Equal(t, 0, code, stderr)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	allowed := 0
+	for range 32 {
+		wg.Go(func() {
+			code, out, stderr := pgrl(url, append([]string{"allow", "k"}, policy...)...)
+			if code != 0 && code != 1 {
+				t.Errorf("allow: exit %d: %s %s", code, out, stderr)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if code == 0 {
+				allowed++
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 20, allowed, "5 in the bucket and 15 granted")
+	code, out, _ := pgrl(url, append([]string{"balance", "k", "--json"}, policy...)...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"remaining":0`)
+	require.Contains(t, out, `"granted":0`)
 }
