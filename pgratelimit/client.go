@@ -55,6 +55,11 @@ type Client struct {
 
 	dia       atomic.Pointer[dialect] // nil until known
 	detecting sync.Mutex              // one detection at a time
+
+	// The deny caches of the client's limiters, by Prefix, so that a
+	// refund, reset or grant through any of them clears the key's entries.
+	denyMu     sync.RWMutex
+	denyCaches map[string][]*denyCache
 }
 
 // NewClient returns a Client for the bucket tables in pool's database. With
@@ -263,4 +268,24 @@ func (c *Client) run(q *request, first *Limiter, coalesce bool, op string) (Mult
 		return c.co.do(q, set, first.metrics)
 	}
 	return runAlone(c.pool, q, set, op)
+}
+
+// addDenyCache registers the deny cache of a limiter of prefix.
+func (c *Client) addDenyCache(prefix string, dc *denyCache) {
+	c.denyMu.Lock()
+	defer c.denyMu.Unlock()
+	if c.denyCaches == nil {
+		c.denyCaches = make(map[string][]*denyCache)
+	}
+	c.denyCaches[prefix] = append(c.denyCaches[prefix], dc)
+}
+
+// forgetDenied clears key's deny cache entries under prefix: its buckets may
+// hold more than when it was denied.
+func (c *Client) forgetDenied(prefix, key string) {
+	c.denyMu.RLock()
+	defer c.denyMu.RUnlock()
+	for _, dc := range c.denyCaches[prefix] {
+		dc.forget(key)
+	}
 }

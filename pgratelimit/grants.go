@@ -147,6 +147,7 @@ func (l *Limiter) grant(ctx context.Context, q querier, key string, amount int64
 	if amount < 1 {
 		return Grant{}, fmt.Errorf("%w: grant %d is below 1", ErrInvalidCost, amount)
 	}
+	l.client.forgetDenied(l.cfg.Prefix, key)
 	gr := Grant{Amount: amount, ExpiresAt: expiresAt}
 	var exp any // NULL: never
 	if !expiresAt.IsZero() {

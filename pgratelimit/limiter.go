@@ -131,6 +131,21 @@ type Config struct {
 	// not for credits. Defaults to false.
 	AsyncCommit bool
 
+	// DenyCacheSize turns on the deny cache and bounds it: once a key has
+	// been denied a cost with RetryAfter r, AllowN, Allow, WaitN and Wait
+	// checks of that key with at least that cost are denied by this process
+	// without a transaction (Result.RetryAfter counting down) until r has
+	// passed, for up to DenyCacheSize keys (beyond it, expired entries and
+	// then arbitrary ones make room; no goroutine per entry). An abusive
+	// client hammering one key then costs the database nothing until its
+	// retry time. What can differ from the database's answer: a refund,
+	// reset or grant made by another process (or another Client) is not
+	// seen until r has passed; this process's own, through any limiter of
+	// the same Client and Prefix, clear the entry. Leave it off for credits
+	// and quotas whose grants or refunds come from elsewhere. AllowAll and
+	// the Tx variants always ask the database. Defaults to 0: off.
+	DenyCacheSize int
+
 	// MaxWait bounds how long Wait and WaitN may block in all; a wait that
 	// would take longer returns ErrWaitTooLong at once. Defaults to 0: only
 	// the context's deadline bounds it.
@@ -173,6 +188,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxWait < 0 {
 		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
+	}
+	if c.DenyCacheSize < 0 {
+		return bad("DenyCacheSize must be >= 0, got %d", c.DenyCacheSize)
 	}
 	if c.Storage != Durable && c.Storage != Ephemeral {
 		return bad("Storage must be Durable or Ephemeral, got %d", int(c.Storage))
@@ -223,7 +241,8 @@ type Limiter struct {
 	client  *Client
 	cfg     Config
 	p       policy
-	clock   *clock // nil: the database's
+	clock   *clock     // nil: the database's
+	deny    *denyCache // nil: off (Config.DenyCacheSize)
 	log     *slog.Logger
 	metrics *instruments
 }
@@ -265,7 +284,20 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	if cfg.Clock != nil {
 		l.clock = &clock{now: cfg.Clock}
 	}
+	if cfg.DenyCacheSize > 0 {
+		l.deny = newDenyCache(cfg.DenyCacheSize)
+		c.addDenyCache(cfg.Prefix, l.deny)
+	}
 	return l, nil
+}
+
+// localNow is the process's time for the deny cache: Config.Clock's, else
+// time.Now.
+func (l *Limiter) localNow() time.Time {
+	if l.clock != nil {
+		return l.clock.now()
+	}
+	return time.Now()
 }
 
 // Config returns the limiter's configuration, as passed to New.
@@ -290,9 +322,21 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // spent, except that a check whose context ends while its transaction
 // commits may have spent its tokens without saying so (never the reverse).
 func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, error) {
+	var sent time.Time
+	if l.deny != nil {
+		start := time.Now()
+		sent = l.localNow()
+		if r, ok := l.deny.lookup(key, cost, sent); ok {
+			l.metrics.recordDenied(ctx, start)
+			return r, nil
+		}
+	}
 	m, err := AllowAll(ctx, Charge{Limiter: l, Key: key, Cost: cost})
 	if err != nil {
 		return Result{}, err
+	}
+	if l.deny != nil && !m.Allowed {
+		l.deny.store(key, cost, m.Results[0], sent)
 	}
 	return m.Results[0], nil
 }
@@ -307,7 +351,8 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 	if n < 1 {
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
-	q := &request{ctx: ctx, give: true, charges: []charge{{row: l.row(key), policy: l.p, cost: n}}}
+	l.client.forgetDenied(l.cfg.Prefix, key)
+	q := &request{ctx: ctx, give: true, charges: []charge{{row: l.row(key), policy: l.p, cost: n, grants: l.cfg.Grants}}}
 	m, err := l.client.run(q, l, false, "refund "+quoteKey(key))
 	if err != nil {
 		return Result{}, err
@@ -364,6 +409,7 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 		return ErrClosed
 	}
 	defer l.client.gate.leave()
+	l.client.forgetDenied(l.cfg.Prefix, key)
 	if _, err := l.client.pool.Exec(ctx, l.cfg.Storage.statements().remove, l.cfg.Prefix, key); err != nil {
 		return dbError("reset "+quoteKey(key), err)
 	}

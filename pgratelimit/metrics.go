@@ -111,3 +111,10 @@ func cleanupCounter(mp metric.MeterProvider) metric.Int64Counter {
 		metric.WithDescription("Expired bucket rows deleted by cleanup."))
 	return c
 }
+
+// recordDenied counts a check that the deny cache denied, started at start.
+func (in *instruments) recordDenied(ctx context.Context, start time.Time) {
+	_, denied, _ := in.outcomes(ctx)
+	in.checks.Add(ctx, 1, denied.add...)
+	in.duration.Record(ctx, time.Since(start).Seconds(), denied.record...)
+}
