@@ -44,6 +44,8 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	hold := f.Bool("hold", false, "hold one other key's row in an open transaction for the run, with 4 checks waiting on it (a slow request that charges credits)")
 	cpuProfile := f.String("cpuprofile", "", "write this process's CPU profile of the run to FILE (go tool pprof)")
 	citus := f.Bool("citus", false, "distribute the scratch tables by key (Citus; also done when the citus extension is installed)")
+	grants := f.Int64("grants", 0, "grant every key N credits before the run (Config.Grants), for checks that spill from the bucket into grants")
+	denyCache := f.Int("deny-cache", 0, "Config.DenyCacheSize: deny keys denied before locally until their retry time (0: off)")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
@@ -64,6 +66,11 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	cfg.Prefix, cfg.Capacity, cfg.Refill, cfg.Interval = "bench", *capacity, *refill, *interval
 	cfg.DisableCoalescing = *mode == "per-check"
 	cfg.CoalesceConns = *coalesceConns
+	cfg.Grants = *grants > 0
+	cfg.DenyCacheSize = *denyCache
+	if *grants < 0 || *denyCache < 0 {
+		return f.fail(usagef("--grants and --deny-cache must be at least 0"))
+	}
 	if *conns == 0 {
 		*conns = min(*conc, 200)
 	}
@@ -71,13 +78,19 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants})
 	if err != nil {
 		return f.fail(err)
 	}
 	rep.Contender = fmt.Sprintf("ours-%s-%s", *mode, *storage)
 	if *limits == 2 {
 		rep.Contender += "-2limits"
+	}
+	if *grants > 0 {
+		rep.Contender += "-grants"
+	}
+	if *denyCache > 0 {
+		rep.Contender += "-denycache"
 	}
 	out := c.stdout
 	if f.json {
@@ -106,6 +119,7 @@ type benchRun struct {
 	conc, keys, conns, limits int
 	duration                  time.Duration
 	cost                      int64
+	grants                    int64 // granted to every key before the run
 	citus, hold               bool
 	cpuProfile                string
 }
@@ -168,6 +182,10 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 			err = migrations.Distribute(sctx, db)
 			distributed = err == nil
 		}
+	}
+	if err == nil && run.grants > 0 {
+		_, err = db.ExecContext(sctx, `INSERT INTO pgratelimit_grants (prefix, key, amount)
+SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, run.grants, run.keys)
 	}
 	db.Close()
 	if err != nil {
@@ -336,8 +354,8 @@ func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgra
 	// Exactness: no key may have been given more than a bucket allows in the
 	// elapsed time (Capacity plus every refill, one more for the edges).
 	bound := cfg.Capacity
-	if refills := int64(elapsed/cfg.Interval) + 1; refills < (math.MaxInt64-cfg.Capacity)/cfg.Refill {
-		bound = cfg.Capacity + refills*cfg.Refill
+	if refills := int64(elapsed/cfg.Interval) + 1; refills < (math.MaxInt64-cfg.Capacity-run.grants)/cfg.Refill {
+		bound = cfg.Capacity + refills*cfg.Refill + run.grants
 	}
 	for k := range allowedCost {
 		if got := allowedCost[k].Load(); got > bound {
