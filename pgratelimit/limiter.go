@@ -52,10 +52,13 @@ func (s Storage) statements() *statements { return &storageStatements[s] }
 // Capacity, Refill and Interval are required.
 type Config struct {
 	// Prefix is the namespace of this limiter's keys, e.g. "api" or
-	// "uploads". Limiters with different prefixes never share a bucket; two
-	// limiters with the same prefix share their buckets and should share a
-	// policy. Required: non-empty, valid UTF-8, no NUL, at most MaxPrefixLen
-	// bytes.
+	// "uploads". Limiters with different prefixes never share a bucket.
+	// Limiters with the same prefix share their buckets (and grants), also
+	// with different policies: that is how per-customer plans work (each
+	// plan a limiter on one prefix; a bigger plan refills to its capacity, a
+	// smaller one clamps). Limits that must not share buckets need prefixes
+	// of their own. Required: non-empty, valid UTF-8, no NUL, at most
+	// MaxPrefixLen bytes.
 	Prefix string
 
 	// Capacity is the most tokens a bucket holds: the burst. A new key starts
