@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
@@ -296,14 +294,4 @@ func TestPlansShareBuckets(t *testing.T) {
 	r, err = plans["free"].AllowN(ctx, "cust-1", 1)
 	require.NoError(t, err)
 	require.False(t, r.Allowed)
-}
-
-// newSchemaPools opens n pools on one fresh schema (n app instances).
-func newSchemaPools(t *testing.T, n int) []*pgxpool.Pool {
-	s := testdb.NewSchema(t)
-	var pools []*pgxpool.Pool
-	for range n {
-		pools = append(pools, s.Pool(t, 0))
-	}
-	return pools
 }

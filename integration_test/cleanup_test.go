@@ -16,14 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func countRows(t *testing.T, pool *pgxpool.Pool, where string) int64 {
-	t.Helper()
-	var n int64
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT (SELECT count(*) FROM pgratelimit_buckets WHERE `+where+`) + (SELECT count(*) FROM pgratelimit_ephemeral_buckets WHERE `+where+`)`).Scan(&n))
-	return n
-}
-
 // Deleting expired rows never changes a decision: the same checks against a
 // schema that is cleaned and one that is not give the same results.
 func TestCleanupNeverChangesADecision(t *testing.T) {
@@ -152,14 +144,6 @@ func TestCleanupUnderLoad(t *testing.T) {
 	}
 	require.Positive(t, cleaned.Load(), "cleanup deleted rows during the load")
 	t.Logf("%d checks, %d allowed, %d rows cleaned, per-key bound %d", checks.Load(), total, cleaned.Load(), bound)
-}
-
-// insertExpired puts n expired rows in the durable table.
-func insertExpired(t *testing.T, pool *pgxpool.Pool, n int) {
-	t.Helper()
-	_, err := pool.Exec(context.Background(), `INSERT INTO pgratelimit_buckets (prefix, key, tokens, refilled_at, expires_at)
-SELECT 'old', 'k' || i, 1, now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, $1) i`, n)
-	require.NoError(t, err)
 }
 
 // 200,000 expired rows go in batches while checks run; the slowest check

@@ -9,29 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
-
-// newClient is pgratelimit.NewClient on pool, failing the test on an error.
-func newClient(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.ClientConfig) *pgratelimit.Client {
-	t.Helper()
-	c, err := pgratelimit.NewClient(context.Background(), pool, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	return c
-}
-
-// clientLimiter is Client.NewLimiter in the suite's mode.
-func clientLimiter(t *testing.T, c *pgratelimit.Client, cfg pgratelimit.Config) *pgratelimit.Limiter {
-	t.Helper()
-	cfg.DisableCoalescing = cfg.DisableCoalescing || perCheck
-	l, err := c.NewLimiter(cfg)
-	require.NoError(t, err)
-	return l
-}
 
 // NewClient asks the database its dialect, and says so when it cannot;
 // a named dialect needs no database.
@@ -176,13 +157,4 @@ func TestClientCloseTimesOut(t *testing.T) {
 	require.NoError(t, holder.Rollback(ctx))
 	require.NoError(t, <-done)
 	require.NoError(t, c.Close(ctx))
-}
-
-// blockedBy counts the backends waiting for a lock that backend pid holds.
-func blockedBy(t *testing.T, pool *pgxpool.Pool, pid int) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
-	return n
 }

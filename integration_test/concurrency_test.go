@@ -15,41 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// hammer runs attempts checks from workers goroutines, spread over limiters,
-// and returns the cost allowed and the errors seen.
-func hammer(t *testing.T, limiters []*pgratelimit.Limiter, workers, attempts int, key string, cost func() int64) (allowedCost, allowedChecks int64) {
-	t.Helper()
-	ctx := context.Background()
-	var next, cost64, checks atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l := limiters[w%len(limiters)]
-			for next.Add(1) <= int64(attempts) {
-				c := cost()
-				r, err := l.AllowN(ctx, key, c)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if r.Allowed {
-					cost64.Add(c)
-					checks.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Errorf("check failed: %v", err)
-	}
-	return cost64.Load(), checks.Load()
-}
-
 // twoPools returns limiters on two pools over one schema, with the database's
 // clock and no refill during the test.
 func twoPools(t *testing.T, storage pgratelimit.Storage) []*pgratelimit.Limiter {

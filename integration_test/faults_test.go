@@ -3,30 +3,16 @@ package integration
 import (
 	"context"
 	"errors"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
-
-// clusterPool is a pool on a cluster of the test's own.
-func clusterPool(t *testing.T, in *pglaunch.Instance, maxConns int32) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(in.URL + "&connect_timeout=2")
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 // load runs checks from workers goroutines until stop is closed, each with
 // its own deadline, and records what came back.
@@ -294,13 +280,4 @@ func TestPoolExhausted(t *testing.T) {
 	r, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, int64(98), r.Remaining, "nothing was spent by the failed checks")
-}
-
-// skipOnDistributed skips a test of single-server behaviour when the suite
-// runs on distributed tables (PGRATELIMIT_TEST_DISTRIBUTE, Citus).
-func skipOnDistributed(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv(testdb.DistributeEnvVar) != "" {
-		t.Skip("not on distributed tables: " + why)
-	}
 }

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"github.com/dunglas/httpsfv"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dunglas/httpsfv"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
@@ -47,17 +46,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}
 	_, err := newLimiterOn(nil, validConfig)
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-}
-
-// unreachablePool is a pool whose every connection attempt fails, so any
-// input that reached the database would come back as a connection error
-// instead of the typed error the tests expect.
-func unreachablePool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 // Every bad input gets its typed error before any database access.
