@@ -20,13 +20,11 @@ demo: ## Serve the demo app and its page at http://127.0.0.1:8080/ (DATABASE_URL
 
 test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
 	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done
-	cd integration_test && PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./...
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./pgratelimit/
 
-test-integration: ## The integration suite alone, in both coalescing modes (PGRATELIMIT_PG_BIN picks the server binaries).
+test-integration: ## The integration suite alone; one go test runs it in both coalescing modes (PGRATELIMIT_TEST_MODE=coalesce or per-check: one; PGRATELIMIT_PG_BIN picks the server binaries).
 	cd integration_test && $(GO) test -race -count=1 ./...
-	cd integration_test && PGRATELIMIT_TEST_MODE=per-check $(GO) test -race -count=1 ./...
 
 lint: ## gofmt, go vet, staticcheck, go mod tidy (changes nothing), and the library's dependencies stay lean.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
