@@ -92,8 +92,14 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 	// The page's client, and the walkthrough's, is this address (KeyByIP):
 	// a re-run against the same database starts with a full bucket.
 	host, _, _ := net.SplitHostPort(ln.Addr().String())
-	app := newDemoApp(pool, slog.New(slog.NewTextHandler(c.stderr, nil)), f.timeout)
+	app, err := newDemoApp(pool, slog.New(slog.NewTextHandler(c.stderr, nil)), f.timeout)
+	if err != nil {
+		return err
+	}
 	if _, err := app.apply(sctx, demoPolicy, "ip:"+host); err != nil {
+		return err
+	}
+	if err := app.resetCredits(sctx, "ip:"+host); err != nil {
 		return err
 	}
 	cancel() // set up
@@ -136,7 +142,9 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 		return nil
 	}
 	fmt.Fprintf(c.stdout, "\nThe page:         %s  (send requests, watch the bucket refill, change the policy)\n", page)
-	fmt.Fprintf(c.stdout, "Try it by hand:   curl -i %s\nCtrl-C to stop.\n", limited)
+	fmt.Fprintf(c.stdout, "Try it by hand:   curl -i %s\n", limited)
+	fmt.Fprintf(c.stdout, "Credits:          curl -i -X POST '%sapi/credits/charge?cost=7'  (a monthly quota of %d; grant with api/credits/grant?amount=10)\nCtrl-C to stop.\n",
+		page, creditsPolicy.Capacity)
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(c.stdout, "\nStopping.")
