@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"context"
+	"math"
 	"strings"
 	"time"
 )
@@ -34,19 +35,43 @@ type charge struct {
 	row    row
 	policy policy
 	cost   int64
-	grants bool // spend the key's grants after the bucket (Config.Grants)
+	grants    bool          // spend the key's grants after the bucket (Config.Grants)
+	ledger    bool          // write ledger rows (Config.Ledger)
+	retention time.Duration // how long the bucket remembers request IDs
 }
 
-// request is one check: one or more charges decided together, all or
-// nothing, and its outcome.
+// request is one check (or another change of buckets): one or more charges
+// decided together, all or nothing, and its outcome.
 type request struct {
 	ctx     context.Context
 	charges []charge // one per distinct bucket
 	of      []int    // Charge i of the call is charges[of[i]]; nil: one Charge
-	give    bool     // Refund: add the cost instead of taking it
+	op      op
+	id      string    // the request ID (WithRequestID); "" for none
+	actual  int64     // opSettle: the actual cost
+	expires time.Time // opGrant: the grant's expiry (zero: never)
 
-	out MultiResult
-	err error
+	out    MultiResult
+	err    error
+	grant  Grant // opGrant: the grant made
+	gained int64 // opSettle: what the balance gained (negative: charged beyond the estimate)
+}
+
+// op is what a request does to its buckets.
+type op int8
+
+const (
+	opTake   op = iota // a check: take the cost if the bucket (and grants) hold it
+	opGive             // Refund: add the cost, capped at Capacity
+	opDebit            // Debit, and a settlement past its estimate: take the cost, also below zero
+	opGrant            // Grant: a grant of the cost, beside the bucket
+	opReset            // Reset with Config.Ledger: the bucket full again
+	opSettle           // Settle: the charge of a request ID brought to its actual cost
+)
+
+// ledgerKind is the ledger's word for what op did.
+func (o op) ledgerKind() string {
+	return [...]string{opTake: "charge", opGive: "refund", opDebit: "debit", opGrant: "grant", opReset: "reset", opSettle: "settle"}[o]
 }
 
 // rows returns the request's distinct rows.
@@ -76,18 +101,21 @@ func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time
 	for i, c := range q.charges {
 		loaded[i] = c.policy.load(stored[c.row], now)
 		switch {
-		case q.give:
-			next[i], results[i] = c.policy.give(loaded[i], now, c.cost)
-			if c.grants {
-				results[i].Granted = granted(grants[c.row], now)
-			}
-		case c.grants:
+		case q.op == opTake && c.grants:
 			if spent == nil {
 				spent = make([][]grant, len(q.charges))
 			}
 			next[i], spent[i], results[i] = c.policy.takeWithGrants(loaded[i], grants[c.row], now, c.cost)
-		default:
+		case q.op == opTake:
 			next[i], results[i] = c.policy.take(loaded[i], now, c.cost)
+		default:
+			next[i], results[i] = c.policy.apply(q.op, loaded[i], now, c.cost)
+			if c.grants {
+				results[i].Granted = granted(grants[c.row], now)
+				if q.op == opGrant {
+					results[i].Granted = addSat(results[i].Granted, c.cost)
+				}
+			}
 		}
 		allowed = allowed && results[i].Allowed
 	}
@@ -100,9 +128,10 @@ func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time
 			if c.grants {
 				results[i].Granted = granted(grants[c.row], now)
 			}
-		case allowed && (!q.give || next[i].tokens != loaded[i].tokens):
-			// (A refund to a full bucket writes nothing: the row keeps
-			// meaning what it meant, e.g. a missing row stays missing.)
+		case allowed && (q.op == opTake || !next[i].same(loaded[i])):
+			// (A refund to a full bucket, a grant, writes nothing: the row
+			// keeps meaning what it meant, e.g. a missing row stays
+			// missing.)
 			stored[c.row] = next[i]
 			if spent != nil && spent[i] != nil {
 				grants[c.row] = spent[i]
@@ -120,4 +149,21 @@ func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time
 			q.out.Results[i] = results[j]
 		}
 	}
+}
+
+// apply applies an op other than opTake to the loaded bucket b: it is always
+// allowed.
+func (p policy) apply(o op, b bucket, now time.Time, n int64) (bucket, Result) {
+	switch o {
+	case opGive:
+		return p.give(b, now, n)
+	case opDebit:
+		b.tokens = max(addSat(b.tokens, -n), -math.MaxInt64) // a debt; -MaxInt64 at most, so that it negates
+		r := p.result(b, now, 0, true)
+		b.expiresAt = p.expiry(b, now, r.ResetAfter)
+		return b, r
+	case opReset:
+		b = p.fresh(now)
+	}
+	return b, p.result(b, now, 0, true)
 }

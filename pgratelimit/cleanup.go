@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,10 @@ type CleanupOptions struct {
 	// statement_timeout). Defaults to 10 seconds.
 	StatementTimeout time.Duration
 
+	// LedgerRetention, when set, deletes ledger rows (Config.Ledger) older
+	// than it. Defaults to 0: the ledger is kept.
+	LedgerRetention time.Duration
+
 	// MeterProvider receives the pgratelimit.cleanup.deleted counter.
 	// Defaults to otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
@@ -39,6 +44,9 @@ func (o *CleanupOptions) setDefaults() error {
 	}
 	if o.StatementTimeout < 0 {
 		return fmt.Errorf("%w: StatementTimeout must be >= 0, got %s", ErrInvalidConfig, o.StatementTimeout)
+	}
+	if o.LedgerRetention < 0 {
+		return fmt.Errorf("%w: LedgerRetention must be >= 0, got %s", ErrInvalidConfig, o.LedgerRetention)
 	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 1000
@@ -74,7 +82,9 @@ const cleanupLockID int64 = 0x7067726c636c6e
 // ephemeral) whose expires_at has passed: buckets that are full again, which
 // a check treats exactly like missing rows, and the grants that are spent or
 // expired, which no check spends; so deleting them never changes a
-// decision. It deletes in batches of opts.BatchSize, one short transaction
+// decision. It also forgets request IDs past their retention
+// (Config.RequestIDRetention), and, with opts.LedgerRetention, ledger rows
+// older than it. It deletes in batches of opts.BatchSize, one short transaction
 // each, skipping rows that a check has locked (FOR UPDATE SKIP LOCKED), until
 // a batch comes back short or ctx ends. It returns the number of rows
 // deleted, also when it stops on an error.
@@ -97,7 +107,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	if err != nil {
 		return st, err
 	}
-	for _, ct := range cleanupTables {
+	for _, ct := range cleanupTables(opts.LedgerRetention) {
 		del := d.deleter(ct)
 		table := ct.name
 		for {
@@ -137,11 +147,22 @@ type cleanupTable struct {
 	order string
 }
 
-// cleanupTables: buckets full again (expired), and grants spent or expired.
-var cleanupTables = []cleanupTable{
-	{DurableTable, func(now string) string { return "expires_at <= " + now }, "ORDER BY expires_at"},
-	{EphemeralTable, func(now string) string { return "expires_at <= " + now }, "ORDER BY expires_at"},
-	{GrantsTable, func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }, ""},
+// cleanupTables are what cleanup deletes: buckets full again (expired),
+// grants spent or expired, request IDs past their retention, and, with a
+// ledgerRetention, ledger rows older than it.
+func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
+	expired := func(now string) string { return "expires_at <= " + now }
+	ts := []cleanupTable{
+		{DurableTable, expired, "ORDER BY expires_at"},
+		{EphemeralTable, expired, "ORDER BY expires_at"},
+		{GrantsTable, func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }, ""},
+		{RequestsTable, expired, "ORDER BY expires_at"},
+	}
+	if ledgerRetention > 0 {
+		age := "interval '" + strconv.FormatInt(ledgerRetention.Microseconds(), 10) + " microseconds'"
+		ts = append(ts, cleanupTable{LedgerTable, func(now string) string { return "at <= " + now + " - " + age }, "ORDER BY at"})
+	}
+	return ts
 }
 
 // deleter deletes one batch of expired rows in tx: how many, and whether
@@ -187,11 +208,12 @@ type CleanerConfig struct {
 	// jitter so instances drift apart. Defaults to 1 minute.
 	Interval time.Duration
 
-	// BatchSize, Clock, StatementTimeout and MeterProvider are as in
-	// CleanupOptions.
+	// BatchSize, Clock, StatementTimeout, LedgerRetention and
+	// MeterProvider are as in CleanupOptions.
 	BatchSize        int
 	Clock            func() time.Time
 	StatementTimeout time.Duration
+	LedgerRetention  time.Duration
 	MeterProvider    metric.MeterProvider
 
 	// Logger receives a line per run (rows deleted, batches, duration) at
@@ -227,7 +249,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Minute
 	}
-	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout, MeterProvider: cfg.MeterProvider}
+	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout, LedgerRetention: cfg.LedgerRetention, MeterProvider: cfg.MeterProvider}
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}

@@ -152,6 +152,9 @@ func runAlone(pool *pgxpool.Pool, q *request, set settings, op string) (MultiRes
 	if _, err := runOwn(q.ctx, pool, newPlan([]*request{q}, set, true, waitLocks)); err != nil {
 		return MultiResult{}, dbError(op, err)
 	}
+	if q.err != nil {
+		return MultiResult{}, q.err
+	}
 	return q.out, ctxErrIfUndecided(q)
 }
 

@@ -115,17 +115,20 @@ func (p policy) takeWithGrants(b bucket, gs []grant, now time.Time, cost int64) 
 // means never. amount must be >= 1 (ErrInvalidCost); the limiter must have
 // Config.Grants (ErrInvalidConfig), since no other would spend it.
 func (l *Limiter) Grant(ctx context.Context, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	if !l.client.gate.enter() {
-		return Grant{}, ErrClosed
+	q, err := l.grantRequest(ctx, key, amount, expiresAt)
+	if err != nil {
+		return Grant{}, err
 	}
-	defer l.client.gate.leave()
-	return l.grant(ctx, l.client.pool, key, amount, expiresAt)
+	if _, err := l.client.run(q, l, false, "grant to "+quoteKey(key)); err != nil {
+		return Grant{}, err
+	}
+	return q.grant, nil
 }
 
 // GrantTx is Grant inside the caller's transaction tx: the grant exists
 // only if tx commits, so a purchase and its credits commit together.
 func (l *Limiter) GrantTx(ctx context.Context, tx pgx.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	return l.grant(ctx, tx, key, amount, expiresAt)
+	return l.grantIn(ctx, pgxExecutor{tx}, key, amount, expiresAt)
 }
 
 // GrantSQLTx is GrantTx for a database/sql transaction, with any PostgreSQL
@@ -134,29 +137,37 @@ func (l *Limiter) GrantSQLTx(ctx context.Context, tx *sql.Tx, key string, amount
 	if tx == nil {
 		return Grant{}, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
-	return l.grant(ctx, sqlQuerier{tx}, key, amount, expiresAt)
+	return l.grantIn(ctx, sqlExecutor{tx}, key, amount, expiresAt)
 }
 
-func (l *Limiter) grant(ctx context.Context, q querier, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	if err := validateKey(key); err != nil {
+func (l *Limiter) grantIn(ctx context.Context, ex executor, key string, amount int64, expiresAt time.Time) (Grant, error) {
+	q, err := l.grantRequest(ctx, key, amount, expiresAt)
+	if err != nil {
 		return Grant{}, err
 	}
+	if err := l.runIn(ctx, ex, q, "grant to "+quoteKey(key)+" in transaction"); err != nil {
+		return Grant{}, err
+	}
+	return q.grant, nil
+}
+
+// grantRequest is the request of a grant, checked.
+func (l *Limiter) grantRequest(ctx context.Context, key string, amount int64, expiresAt time.Time) (*request, error) {
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
 	if !l.cfg.Grants {
-		return Grant{}, fmt.Errorf("%w: Grant on prefix %q, whose limiter has Config.Grants off: its checks would never spend it", ErrInvalidConfig, l.cfg.Prefix)
+		return nil, fmt.Errorf("%w: Grant on prefix %q, whose limiter has Config.Grants off: its checks would never spend it", ErrInvalidConfig, l.cfg.Prefix)
 	}
 	if amount < 1 {
-		return Grant{}, fmt.Errorf("%w: grant %d is below 1", ErrInvalidCost, amount)
+		return nil, fmt.Errorf("%w: grant %d is below 1", ErrInvalidCost, amount)
 	}
-	l.client.forgetDenied(l.cfg.Prefix, key)
-	gr := Grant{Amount: amount, ExpiresAt: expiresAt}
-	var exp any // NULL: never
-	if !expiresAt.IsZero() {
-		exp = expiresAt.UTC().Format(time.RFC3339Nano)
+	q, err := l.changeRequest(ctx, opGrant, key, amount)
+	if err != nil {
+		return nil, err
 	}
-	if err := q.QueryRow(ctx, grantSQL.add, l.cfg.Prefix, key, amount, exp).Scan(&gr.ID, &gr.GrantedAt); err != nil {
-		return Grant{}, dbError("grant to "+quoteKey(key), err)
-	}
-	return gr, nil
+	q.expires = expiresAt
+	return q, nil
 }
 
 // Grants returns key's live grants (not spent, not expired), soonest-expiring
@@ -190,13 +201,6 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 		return nil, dbError("list the grants of "+quoteKey(key), err)
 	}
 	return gs, nil
-}
-
-// sqlQuerier is a database/sql transaction as a querier.
-type sqlQuerier struct{ tx *sql.Tx }
-
-func (q sqlQuerier) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return q.tx.QueryRowContext(ctx, sql, args...)
 }
 
 // compareGrants orders grants as they are spent: soonest-expiring first,

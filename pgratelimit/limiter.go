@@ -149,6 +149,20 @@ type Config struct {
 	// the Tx variants always ask the database. Defaults to 0: off.
 	DenyCacheSize int
 
+	// Ledger appends a row to pgratelimit_ledger for every allowed charge,
+	// refund, grant, settlement, debit and reset of this limiter, in the
+	// same transaction: the database's time, prefix, key, the amount the
+	// balance gained (negative: spent), the kind, the request ID and the
+	// balance afterwards (tokens plus live grants). Denied checks write
+	// nothing. Needs Storage Durable. Defaults to false.
+	Ledger bool
+
+	// RequestIDRetention is how long the database remembers a request ID
+	// (WithRequestID) after its check: a retry within it returns the first
+	// outcome and charges nothing; after it, cleanup forgets the ID and a
+	// retry is charged again. Defaults to DefaultRequestIDRetention (24h).
+	RequestIDRetention time.Duration
+
 	// MaxWait bounds how long Wait and WaitN may block in all; a wait that
 	// would take longer returns ErrWaitTooLong at once. Defaults to 0: only
 	// the context's deadline bounds it.
@@ -200,6 +214,12 @@ func (c Config) validate() error {
 	}
 	if c.Grants && c.Storage != Durable {
 		return bad("Grants needs Storage Durable: grants are credits, kept in a logged table")
+	}
+	if c.Ledger && c.Storage != Durable {
+		return bad("Ledger needs Storage Durable: a ledger of buckets an ephemeral table forgets would not add up")
+	}
+	if c.RequestIDRetention < 0 {
+		return bad("RequestIDRetention must be >= 0, got %s", c.RequestIDRetention)
 	}
 	return nil
 }
@@ -355,12 +375,7 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
 	l.client.forgetDenied(l.cfg.Prefix, key)
-	q := &request{ctx: ctx, give: true, charges: []charge{{row: l.row(key), policy: l.p, cost: n, grants: l.cfg.Grants}}}
-	m, err := l.client.run(q, l, false, "refund "+quoteKey(key))
-	if err != nil {
-		return Result{}, err
-	}
-	return m.Results[0], nil
+	return l.change(ctx, opGive, key, n, "refund "+quoteKey(key))
 }
 
 // Peek reports key's bucket as it is now without taking or writing anything.
@@ -408,6 +423,11 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
 	}
+	if l.cfg.Ledger {
+		// A transaction that records the reset in the ledger.
+		_, err := l.change(ctx, opReset, key, 0, "reset "+quoteKey(key))
+		return err
+	}
 	if !l.client.gate.enter() {
 		return ErrClosed
 	}
@@ -421,6 +441,39 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 
 func (l *Limiter) row(key string) row {
 	return row{storage: l.cfg.Storage, prefix: l.cfg.Prefix, key: key}
+}
+
+// charge is a charge of cost to key's bucket, with l's policy and settings.
+func (l *Limiter) charge(key string, cost int64) charge {
+	retention := l.cfg.RequestIDRetention
+	if retention == 0 {
+		retention = DefaultRequestIDRetention
+	}
+	return charge{row: l.row(key), policy: l.p, cost: cost, grants: l.cfg.Grants, ledger: l.cfg.Ledger, retention: retention}
+}
+
+// change runs a request of op on key (not a check: never coalesced), with
+// the request ID of ctx, and returns its result; op names it in errors.
+func (l *Limiter) change(ctx context.Context, o op, key string, n int64, what string) (Result, error) {
+	q, err := l.changeRequest(ctx, o, key, n)
+	if err != nil {
+		return Result{}, err
+	}
+	m, err := l.client.run(q, l, false, what)
+	if err != nil {
+		return Result{}, err
+	}
+	return m.Results[0], nil
+}
+
+// changeRequest is the request of a change: op on key for n.
+func (l *Limiter) changeRequest(ctx context.Context, o op, key string, n int64) (*request, error) {
+	id, err := requestID(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.client.forgetDenied(l.cfg.Prefix, key)
+	return &request{ctx: ctx, op: o, id: id, charges: []charge{l.charge(key, n)}}, nil
 }
 
 // quoteKey shortens and quotes a key for error messages.

@@ -79,7 +79,11 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		return nil, nil, fmt.Errorf("%w: AllowAll needs at least one charge", ErrInvalidConfig)
 	}
 	first := charges[0].Limiter
-	q := &request{ctx: ctx, charges: make([]charge, 0, len(charges))}
+	id, err := requestID(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	q := &request{ctx: ctx, id: id, charges: make([]charge, 0, len(charges))}
 	if len(charges) > 1 {
 		q.of = make([]int, len(charges))
 	}
@@ -103,7 +107,7 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 			j++
 		}
 		if j == len(q.charges) {
-			q.charges = append(q.charges, charge{row: r, policy: l.p, grants: l.cfg.Grants})
+			q.charges = append(q.charges, l.charge(c.Key, 0))
 		}
 		if q.charges[j].cost > math.MaxInt64-c.Cost {
 			// Past int64, so past every capacity.

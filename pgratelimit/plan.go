@@ -80,6 +80,9 @@ type plan struct {
 	// spendsGrants: a charge spends grants (Config.Grants), so the durable
 	// rows are locked with their grants (see statements.lockGrants).
 	spendsGrants bool
+	// hasIDs: a request carries a request ID, so its request rows are read
+	// after the locks.
+	hasIDs bool
 
 	rows      []row                    // distinct, in lock order
 	horizons  map[row]time.Duration    // of new rows (see statements.insert)
@@ -95,10 +98,11 @@ func newPlan(reqs []*request, set settings, own bool, mode lockMode) *plan {
 	p := &plan{reqs: reqs, set: set, own: own, mode: mode, clock: set.clock.param(),
 		horizons: make(map[row]time.Duration, len(reqs))}
 	for _, q := range reqs {
+		p.hasIDs = p.hasIDs || q.id != ""
 		for _, c := range q.charges {
 			p.rows = append(p.rows, c.row)
 			p.spendsGrants = p.spendsGrants || c.grants
-			if _, ok := p.horizons[c.row]; !ok && !q.give {
+			if _, ok := p.horizons[c.row]; !ok && q.op == opTake {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
 				p.horizons[c.row] = c.policy.untilTokens(bucket{tokens: c.policy.capacity - c.cost}, time.Time{}, c.policy.capacity)
@@ -142,12 +146,21 @@ type attempt struct {
 	grants map[row][]grant // the grants of the rows locked (spendsGrants), then as decided
 	read   map[row][]grant // the grants as locked
 	now    time.Time       // the clock, after the locks
+
+	// What the decisions write besides the buckets and grants.
+	ids    map[idKey]*idRecord // request rows read, and remembered by decisions (hasIDs)
+	idRows [][]any             // request rows to insert
+	ledger [][]any             // ledger rows to insert
+	extra  []stmt              // grants to insert, settlements
 }
 
 func (p *plan) attempt(ctx context.Context, mode lockMode) *attempt {
 	a := &attempt{plan: p, ctx: ctx, mode: mode, stored: make(map[row]bucket, len(p.rows))}
 	if p.spendsGrants {
 		a.read = make(map[row][]grant)
+	}
+	if p.hasIDs {
+		a.ids = make(map[idKey]*idRecord)
 	}
 	return a
 }
@@ -183,6 +196,9 @@ func (a *attempt) open() []stmt {
 			stmts = append(stmts, a.shape.insert(s, part, a)...)
 		}
 		stmts = append(stmts, a.shape.lock(s, part, a)...)
+	}
+	if a.hasIDs {
+		stmts = append(stmts, a.readIDs()...)
 	}
 	return stmts
 }
@@ -290,7 +306,7 @@ func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 			continue
 		}
 		q.err = nil
-		q.decide(a.stored, a.grants, a.now)
+		a.decide(q)
 	}
 	return deferred, nil
 }
@@ -310,6 +326,13 @@ func (a *attempt) close() []stmt {
 	}
 	if spent := a.spent(); len(spent) > 0 {
 		stmts = append(stmts, a.shape.spend(spent)...)
+	}
+	if len(a.idRows) > 0 {
+		stmts = append(stmts, a.shape.values(requestSQL.write, a.idRows, nil)...)
+	}
+	stmts = append(stmts, a.extra...)
+	if len(a.ledger) > 0 {
+		stmts = append(stmts, a.shape.values(ledgerSQL.write, a.ledger, nil)...)
 	}
 	if a.own {
 		stmts = append(stmts, stmt{sql: "COMMIT"})

@@ -19,6 +19,9 @@ type shape interface {
 	update(s Storage, rows []row, a *attempt) []stmt
 	// spend sets the amounts of the grants a check spent from.
 	spend(spent []spentGrant) []stmt
+	// values runs sql over rows of values (string, int64 and time.Time
+	// columns), reading what it returns with scan (nil: nothing).
+	values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt
 	// settings are the setting pairs the shape's statements need in an own
 	// transaction.
 	settings() []string
@@ -65,6 +68,21 @@ func (oneRow) spend(spent []spentGrant) []stmt {
 	return stmts
 }
 
+func (oneRow) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
+	stmts := make([]stmt, len(rows))
+	for i, r := range rows {
+		args := make([]any, len(r))
+		for j, v := range r {
+			if t, ok := v.(time.Time); ok {
+				v = t.UTC().Format(time.RFC3339Nano) // cast from text in SQL, as arrays are
+			}
+			args[j] = v
+		}
+		stmts[i] = stmt{sql: sql.one, args: args, scan: scan}
+	}
+	return stmts
+}
+
 func (oneRow) settings() []string { return nil }
 
 func perRow(rows []row, f func(r row) stmt) []stmt {
@@ -107,6 +125,23 @@ func (arrays) spend(spent []spentGrant) []stmt {
 		int64Array(len(spent), func(i int) int64 { return spent[i].g.id }),
 		int64Array(len(spent), func(i int) int64 { return spent[i].g.amount }),
 	}}}
+}
+
+func (arrays) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
+	args := make([]any, len(rows[0]))
+	for j := range args {
+		switch rows[0][j].(type) {
+		case string:
+			args[j] = textArray(len(rows), func(i int) string { return rows[i][j].(string) })
+		case int64:
+			args[j] = int64Array(len(rows), func(i int) int64 { return rows[i][j].(int64) })
+		case time.Time:
+			args[j] = timeArray(len(rows), func(i int) time.Time { return rows[i][j].(time.Time) })
+		default:
+			panic(fmt.Sprintf("pgratelimit: no array of %T", rows[0][j])) // a bug of ours, not an input
+		}
+	}
+	return []stmt{{sql: sql.many, args: args, scan: scan}}
 }
 
 // settings plan the array statements once per connection (a generic plan),

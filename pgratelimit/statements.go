@@ -250,3 +250,54 @@ ORDER BY expires_at NULLS LAST, id`,
 WHERE prefix = $1 AND key = $2 AND amount > 0 AND (expires_at IS NULL OR expires_at > COALESCE($3::timestamptz, clock_timestamp()))`,
 	}
 }()
+
+// Table names of request IDs and the ledger, created by the migrations.
+const (
+	RequestsTable = "pgratelimit_requests"
+	LedgerTable   = "pgratelimit_ledger"
+)
+
+// rowsSQL is a statement over rows of values in the two shapes (see
+// shape.rows): one takes one row's values as $1, $2, ...; many takes each
+// column as an array.
+type rowsSQL struct{ one, many string }
+
+// requestSQL and ledgerSQL are the statements of request IDs and the
+// ledger.
+var requestSQL, ledgerSQL = func() (req struct {
+	read, write rowsSQL
+	settle      string
+}, led struct {
+	write rowsSQL
+	list  string
+}) {
+	r := pgx.Identifier{RequestsTable}.Sanitize()
+	l := pgx.Identifier{LedgerTable}.Sanitize()
+	req.read = rowsSQL{
+		one: `SELECT prefix, key, request_id, cost, remaining, granted, settled FROM ` + r + `
+WHERE prefix = $1 AND key = $2 AND request_id = $3`,
+		many: `SELECT q.prefix, q.key, q.request_id, q.cost, q.remaining, q.granted, q.settled
+FROM unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS x(prefix, key, request_id)
+JOIN ` + r + ` q ON q.prefix = x.prefix AND q.key = x.key AND q.request_id = x.request_id`,
+	}
+	req.write = rowsSQL{
+		one: `INSERT INTO ` + r + ` (prefix, key, request_id, cost, remaining, granted, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7::text::timestamptz, $8::text::timestamptz) ON CONFLICT DO NOTHING`,
+		many: `INSERT INTO ` + r + ` (prefix, key, request_id, cost, remaining, granted, created_at, expires_at)
+SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[], $5::text::bigint[],
+                     $6::text::bigint[], $7::text::timestamptz[], $8::text::timestamptz[])
+ON CONFLICT DO NOTHING`,
+	}
+	req.settle = `UPDATE ` + r + ` SET settled = $4 WHERE prefix = $1 AND key = $2 AND request_id = $3`
+	led.write = rowsSQL{
+		one: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance)
+VALUES ($1, $2, $3::text::timestamptz, $4, $5, NULLIF($6, ''), $7)`,
+		many: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance)
+SELECT prefix, key, at, amount, kind, NULLIF(request_id, ''), balance
+FROM unnest($1::text::text[], $2::text::text[], $3::text::timestamptz[], $4::text::bigint[], $5::text::text[],
+            $6::text::text[], $7::text::bigint[]) AS x(prefix, key, at, amount, kind, request_id, balance)`,
+	}
+	led.list = `SELECT id, at, amount, kind, COALESCE(request_id, ''), balance FROM ` + l + `
+WHERE prefix = $1 AND key = $2 AND at >= $3::text::timestamptz ORDER BY at, id`
+	return req, led
+}()

@@ -67,20 +67,29 @@ func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	if !first.client.gate.enter() {
-		return MultiResult{}, ErrClosed
+	err = first.runIn(ctx, ex, q, what)
+	record(ctx, start, q.out, err, charges)
+	if err != nil {
+		return MultiResult{}, err
 	}
-	defer first.client.gate.leave()
-	// In the caller's transaction: its isolation, its lock_timeout, one
-	// row per statement whatever the dialect.
-	if err := runIn(ctx, ex, newPlan([]*request{q}, first.settings(nil), false, waitLocks)); err != nil {
-		q.err = dbError(what, err)
+	return q.out, nil
+}
+
+// runIn runs q, whose first charge is l's, in the caller's transaction on
+// ex: its isolation, its lock_timeout, one row per statement whatever the
+// dialect. what names it in errors.
+func (l *Limiter) runIn(ctx context.Context, ex executor, q *request, what string) error {
+	if !l.client.gate.enter() {
+		return ErrClosed
 	}
-	if q.err == nil {
-		q.err = ctxErrIfUndecided(q)
+	defer l.client.gate.leave()
+	if err := runIn(ctx, ex, newPlan([]*request{q}, l.settings(nil), false, waitLocks)); err != nil {
+		return dbError(what, err)
 	}
-	record(ctx, start, q.out, q.err, charges)
-	return q.out, q.err
+	if q.err != nil {
+		return q.err
+	}
+	return ctxErrIfUndecided(q)
 }
 
 // ctxErrIfUndecided is the error of a request the engine skipped because its
