@@ -32,9 +32,9 @@ func compareRows(a, b row) int {
 // charge is what a request takes from (or gives to) one bucket: the costs of
 // every Charge of that bucket added up, decided by the first one's policy.
 type charge struct {
-	row    row
-	policy policy
-	cost   int64
+	row       row
+	policy    policy
+	cost      int64
 	grants    bool          // spend the key's grants after the bucket (Config.Grants)
 	ledger    bool          // write ledger rows (Config.Ledger)
 	retention time.Duration // how long the bucket remembers request IDs
