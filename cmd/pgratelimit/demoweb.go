@@ -526,7 +526,7 @@ var creditsPolicy = pgratelimit.Config{Prefix: creditsPrefix, Capacity: 100, Ref
 	Storage: pgratelimit.Durable, Grants: true}
 
 // creditsPeriod says when the credits quota renews, for the page.
-const creditsPeriod = "every 720h (30 days)"
+const creditsPeriod = "every 720h"
 
 type creditGrantJSON struct {
 	Amount    int64  `json:"amount"`
@@ -725,11 +725,18 @@ func (a *demoApp) serveCreditsReset(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// fmtLong writes a long duration for people: days and hours, to the
-// nearest hour from a day up.
+// fmtLong writes a long duration for people: to the second under an
+// hour, to the minute under a day, in days and hours from a day up.
 func fmtLong(d time.Duration) string {
-	if d < 24*time.Hour {
+	switch {
+	case d < time.Hour:
 		return d.Round(time.Second).String()
+	case d < 24*time.Hour:
+		d = d.Round(time.Minute)
+		if m := int64(d%time.Hour) / int64(time.Minute); m != 0 {
+			return fmt.Sprintf("%d h %d min", int64(d/time.Hour), m)
+		}
+		return fmt.Sprintf("%d h", int64(d/time.Hour))
 	}
 	h := int64(d.Round(time.Hour) / time.Hour)
 	if h%24 == 0 {

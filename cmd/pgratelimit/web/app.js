@@ -1,5 +1,6 @@
 // The demo page: live state from /api/events (Server-Sent Events), requests
-// to the rate-limited endpoints, the scenarios and the policy form.
+// to the rate-limited endpoints, the scenarios, the policy form and the
+// credits card.
 // Hand-written, no dependencies, no build step.
 "use strict";
 
@@ -29,7 +30,9 @@ function showError(msg) {
 function fmtMs(ms) {
   if (ms < 1000) return `${ms} ms`;
   if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
-  return `${Math.floor(ms / 60000)} min ${Math.round((ms % 60000) / 1000)} s`;
+  if (ms < 3600000) return `${Math.floor(ms / 60000)} min ${Math.round((ms % 60000) / 1000)} s`;
+  const h = Math.round(ms / 3600000);
+  return h < 24 ? `${h} h` : `${Math.floor(h / 24)} days${h % 24 ? ` ${h % 24} h` : ""}`;
 }
 
 function update(st) {
@@ -47,6 +50,7 @@ function update(st) {
     : `next refill (+${p.refill}) in ${fmtMs(b.next_refill_ms)} · full in ${fmtMs(b.full_in_ms)}`;
   $("minute").textContent = `${st.minute.tokens} of ${st.minute.capacity}`;
   $("minute-gauge").style.width = `${st.minute.capacity ? (100 * st.minute.tokens) / st.minute.capacity : 0}%`;
+  showCredits(st.credits);
   $("count-allowed").textContent = String(st.checks.allowed);
   $("count-denied").textContent = String(st.checks.denied);
   $("count-errors").textContent = String(st.checks.errors);
@@ -64,6 +68,30 @@ function update(st) {
   samples.push({ t: now, tokens: b.tokens });
   while (samples.length && samples[0].t < now - WINDOW_MS - 1000) samples.shift();
   draw(now);
+}
+
+// showCredits shows the credits scenario's quota and granted balance.
+function showCredits(c) {
+  $("credits-prefix").textContent = c.prefix;
+  $("credits-quota").textContent = String(c.quota);
+  $("credits-capacity").textContent = String(c.capacity);
+  const q = $("credits-quota-gauge");
+  q.style.width = `${c.capacity ? (100 * c.quota) / c.capacity : 0}%`;
+  q.classList.toggle("empty", c.quota === 0);
+  $("credits-renews").textContent = c.quota >= c.capacity
+    ? `full · renewed ${c.period}`
+    : `back to ${c.capacity} in ${fmtMs(c.renews_in_ms)} · renewed ${c.period}`;
+  $("credits-granted").textContent = String(c.granted);
+  // Granted credits have no cap: the gauge is on the quota's scale.
+  $("credits-granted-gauge").style.width = `${c.capacity ? Math.min(100, (100 * c.granted) / c.capacity) : 0}%`;
+  const items = (c.grants || []).map((g) => {
+    const li = document.createElement("li");
+    li.textContent = `${g.amount} credits, ` +
+      (g.expires_at ? `expires ${new Date(g.expires_at).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" })}` : "never expire" + (g.amount === 1 ? "s" : ""));
+    return li;
+  });
+  if (!items.length) items.push(Object.assign(document.createElement("li"), { textContent: "no grants" }));
+  $("credits-grants").replaceChildren(...items);
 }
 
 // ---- the chart: tokens over the last 30 s, with the refill grid -----------
@@ -156,25 +184,27 @@ function span(cls, text) {
 }
 
 // send makes one request to path with cost, logs the response with its
-// RateLimit headers, and returns {status, limit} (limit: the policy named
-// in the RateLimit header).
-async function send(cost, path = "/api/limited") {
+// RateLimit headers (and the message of a JSON answer), and returns
+// {status, limit, json} (limit: the policy named in the RateLimit header).
+async function send(cost, path = "/api/limited", method = "GET") {
   const n = ++sent, t0 = performance.now();
   const li = document.createElement("li");
   li.dataset.testid = "result";
   const parts = [span("n", `#${n}`)];
   let res;
   try {
-    const r = await fetch(`${path}?cost=${encodeURIComponent(cost)}`, { cache: "no-store" });
+    const r = await fetch(`${path}?cost=${encodeURIComponent(cost)}`, { method, cache: "no-store" });
     const body = await r.text();
     res = { status: r.status, limit: (r.headers.get("RateLimit") || "").split(";")[0].replaceAll('"', "") };
+    if ((r.headers.get("Content-Type") || "").startsWith("application/json")) res.json = JSON.parse(body);
     li.className = r.status === 200 ? "ok" : r.status === 429 ? "no" : "err";
     parts.push(span("st", `${r.status} ${r.statusText}`), span("what", `cost ${cost}`));
     for (const h of ["RateLimit", "Retry-After"]) {
       const v = r.headers.get(h);
       if (v) parts.push(span("code", `${h}: ${v}`));
     }
-    if (r.status !== 200 && r.status !== 429) parts.push(span("what", body.trim()));
+    if (res.json) parts.push(span("what", res.json.message || res.json.error || ""));
+    else if (r.status !== 200 && r.status !== 429) parts.push(span("what", body.trim()));
   } catch (e) {
     res = { status: 0, limit: "" };
     li.className = "err";
@@ -197,15 +227,16 @@ function cost() {
   return Math.max(1, parseInt($("cost").value, 10) || 1);
 }
 
-// busy disables the buttons while fn runs, and reports what it returns.
-async function busy(fn) {
+// busy disables the buttons while fn runs, and reports what it returns in
+// the status line status.
+async function busy(fn, status = "scenario-status") {
   const buttons = document.querySelectorAll("button:not([data-testid=clear])");
   buttons.forEach((b) => (b.disabled = true));
   try {
     const msg = await fn();
-    if (msg) $("scenario-status").textContent = msg;
+    if (msg) $(status).textContent = msg;
   } catch (e) {
-    $("scenario-status").textContent = String(e.message || e);
+    $(status).textContent = String(e.message || e);
     logNote(String(e.message || e), true);
   } finally {
     buttons.forEach((b) => (b.disabled = false));
@@ -225,6 +256,42 @@ async function burst(n, c) {
   }
   return counts;
 }
+
+// The credits scenario's steps; each returns what happened, in words.
+const credits = {
+  async reset() {
+    const v = await post("/api/credits/reset");
+    logNote(v.message);
+    return v.message;
+  },
+  // charge charges c credits and returns the answer: 200 or 429, with a
+  // message either way.
+  async charge(c) {
+    const r = await send(c, "/api/credits/charge", "POST");
+    if ((r.status !== 200 && r.status !== 429) || !r.json) throw new Error(r.json?.error || `charge failed (${r.status})`);
+    return r;
+  },
+  async useUp() {
+    await credits.reset();
+    for (let ok = 0; ok < 1000; ok++) {
+      const r = await credits.charge(7);
+      if (r.status === 429) {
+        return `Quota used up: ${ok} charges of 7 passed, then 429 Too Many Requests. ${r.json.message}`;
+      }
+      $("credits-status").textContent = `Using up the quota: ${ok + 1} charges of 7 passed…`;
+    }
+    return "The quota did not run out after 1000 charges.";
+  },
+  async grant(amount, expiresIn = "") {
+    const v = await post("/api/credits/grant", { amount, expires_in: expiresIn });
+    logNote(v.message);
+    return v.message;
+  },
+  async chargeOne(c) {
+    const r = await credits.charge(c);
+    return r.status === 200 ? r.json.message : `429 Too Many Requests. ${r.json.message}`;
+  },
+};
 
 const scenarios = {
   async burst() {
@@ -275,6 +342,23 @@ const scenarios = {
     logNote(msg);
     return msg;
   },
+  // credits runs the credits card's three steps, with a pause between them
+  // to watch the gauges.
+  async credits() {
+    const steps = [
+      ["1/3", () => credits.useUp()],
+      ["2/3", () => credits.grant(10)],
+      ["3/3", () => credits.chargeOne(4)],
+    ];
+    let msg = "";
+    for (const [i, [n, step]] of steps.entries()) {
+      msg = await step();
+      $("credits-status").textContent = msg;
+      $("scenario-status").textContent = `Credits, step ${n}: ${msg}`;
+      if (i < steps.length - 1) await sleep(1200);
+    }
+    return `Credits: used up the quota, granted 10, charged 4. ${msg}`;
+  },
 };
 
 $("send").addEventListener("click", () => busy(async () => { await send(cost()); }));
@@ -288,6 +372,15 @@ $("scenario-burst").addEventListener("click", () => busy(scenarios.burst));
 $("scenario-steady").addEventListener("click", () => busy(scenarios.steady));
 $("scenario-two-limits").addEventListener("click", () => busy(scenarios.twoLimits));
 $("scenario-rollback").addEventListener("click", () => busy(scenarios.rollback));
+$("scenario-credits").addEventListener("click", () => busy(scenarios.credits));
+$("credits-use-up").addEventListener("click", () => busy(credits.useUp, "credits-status"));
+$("credits-grant-10").addEventListener("click", () => busy(() => credits.grant(10), "credits-status"));
+$("credits-charge-4").addEventListener("click", () => busy(() => credits.chargeOne(4), "credits-status"));
+$("credits-charge").addEventListener("click", () => busy(() =>
+  credits.chargeOne(Math.max(1, parseInt($("credits-cost").value, 10) || 1)), "credits-status"));
+$("credits-grant").addEventListener("click", () => busy(() =>
+  credits.grant(Math.max(1, parseInt($("credits-amount").value, 10) || 1), $("credits-expires").value), "credits-status"));
+$("credits-reset").addEventListener("click", () => busy(credits.reset, "credits-status"));
 $("clear").addEventListener("click", () => { $("log").replaceChildren(); });
 $("policy-form").addEventListener("submit", (e) => {
   e.preventDefault();
