@@ -128,10 +128,10 @@ func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time
 			if c.grants {
 				results[i].Granted = granted(grants[c.row], now)
 			}
-		case allowed && (q.op == opTake || !next[i].same(loaded[i])):
+		case allowed && q.op != opReset && (q.op == opTake || !next[i].same(loaded[i])):
 			// (A refund to a full bucket, a grant, writes nothing: the row
 			// keeps meaning what it meant, e.g. a missing row stays
-			// missing.)
+			// missing. A reset deletes the row: see attempt.decide.)
 			stored[c.row] = next[i]
 			if spent != nil && spent[i] != nil {
 				grants[c.row] = spent[i]

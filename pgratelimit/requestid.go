@@ -133,8 +133,12 @@ func (a *attempt) decide(q *request) {
 	if q.id != "" && (q.op == opTake || q.op == opDebit) {
 		a.remember(q)
 	}
-	if q.op == opGrant {
+	switch q.op {
+	case opGrant:
 		a.extra = append(a.extra, a.grantStmt(q))
+	case opReset:
+		r := q.charges[0].row
+		a.extra = append(a.extra, stmt{sql: r.storage.statements().remove, args: []any{r.prefix, r.key}})
 	}
 	a.ledgerRows(q)
 }

@@ -356,7 +356,9 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	switch f.storage {
 	case "durable":
 		cfg.Storage = pgratelimit.Durable
-		cfg.Grants = true // the CLI sees and spends grants as a limiter with Config.Grants does
+		// The CLI sees and spends grants as a limiter with Config.Grants does,
+		// and records what it changes in the ledger.
+		cfg.Grants, cfg.Ledger = true, true
 	case "ephemeral":
 		cfg.Storage = pgratelimit.Ephemeral
 	default:

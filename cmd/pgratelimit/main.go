@@ -61,11 +61,13 @@ var commands []command
 func init() {
 	commands = []command{
 		{"migrate", "up|down|status|distribute", "apply, roll back (one step) or list the schema migrations; distribute the tables by key on Citus (after up)", runMigrate, 5 * time.Minute, ""},
-		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied)", runAllow, 10 * time.Second, ""},
+		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied; --request-id ID: once per ID)", runAllow, 10 * time.Second, ""},
 		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, ""},
 		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, ""},
 		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T)", runGrant, 10 * time.Second, ""},
 		{"balance", "KEY", "show KEY's bucket and each of its live grants", runBalance, 10 * time.Second, ""},
+		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, ""},
+		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, refunds, grants, settlements, debits, resets", runLedger, 10 * time.Second, ""},
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, ""},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never"},
@@ -150,6 +152,7 @@ type resultJSON struct {
 	Limit        int64  `json:"limit"`
 	Remaining    int64  `json:"remaining"`
 	Granted      int64  `json:"granted"`
+	RequestID    string `json:"request_id,omitempty"`
 	RetryAfterMS int64  `json:"retry_after_ms"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
 }
@@ -208,6 +211,7 @@ func plural(n int64, one, many string) string {
 func runAllow(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "allow").withPolicy()
 	cost := f.Int64("cost", 1, "tokens to take")
+	requestID := f.String("request-id", "", "an idempotency key: a repeat with the same ID prints the first outcome and charges nothing")
 	check := func([]string) error {
 		switch {
 		case *cost < 1:
@@ -221,13 +225,16 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 	}
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key := pos[0]
+		if *requestID != "" {
+			ctx = pgratelimit.WithRequestID(ctx, *requestID)
+		}
 		r, err := l.AllowN(ctx, key, *cost)
 		if err != nil {
 			return 0, err
 		}
 		if f.json {
 			j := newResultJSON(key, r)
-			j.Allowed, j.Cost = &r.Allowed, *cost
+			j.Allowed, j.Cost, j.RequestID = &r.Allowed, *cost, *requestID
 			f.printJSON(j)
 		} else if r.Allowed {
 			fmt.Fprintf(c.stdout, "allowed: took %s from %q: %d of %d left%s, %s\n",
@@ -402,6 +409,98 @@ func grantJSONOf(g pgratelimit.Grant) grantJSON {
 		j.ExpiresAt = &t
 	}
 	return j
+}
+
+func runSettle(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "settle").withPolicy()
+	requestID := f.String("request-id", "", "the request ID of the estimate's check (required)")
+	actual := f.Int64("actual", -1, "the actual cost (required; 0 or more)")
+	check := func([]string) error {
+		switch {
+		case *requestID == "":
+			return usagef("--request-id is required: the ID the estimate was taken with (allow --request-id)")
+		case *actual < 0:
+			return usagef("--actual is required: the actual cost, 0 or more")
+		}
+		return nil
+	}
+	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
+		r, err := l.Settle(ctx, key, *requestID, *actual)
+		if err != nil {
+			return 0, err
+		}
+		if f.json {
+			j := newResultJSON(key, r)
+			j.RequestID = *requestID
+			f.printJSON(j)
+			return exitOK, nil
+		}
+		fmt.Fprintf(c.stdout, "settled request %q of %q at %d: %d of %d tokens%s%s\n",
+			*requestID, key, *actual, r.Remaining, r.Limit, grantedText(r), debtText(r))
+		return exitOK, nil
+	})
+}
+
+func debtText(r pgratelimit.Result) string {
+	if r.Remaining >= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (a debt of %d: checks are denied until refills or grants repay it)", -r.Remaining)
+}
+
+func runLedger(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "ledger").withPolicy()
+	since := f.String("since", "", "only entries at or after T: an RFC 3339 time, a date, or a duration before now such as 24h (default: all)")
+	var from time.Time
+	check := func([]string) error {
+		if *since == "" {
+			return nil
+		}
+		if d, err := time.ParseDuration(*since); err == nil && d > 0 {
+			from = time.Now().Add(-d)
+			return nil
+		}
+		t, err := parseExpiry(*since, time.Now())
+		if err != nil {
+			return usagef("--since must be an RFC 3339 time, a date or a duration, got %q", *since)
+		}
+		from = t
+		return nil
+	}
+	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		es, err := l.Ledger(ctx, pos[0], from)
+		if err != nil {
+			return 0, err
+		}
+		if f.json {
+			type entry struct {
+				ID        int64     `json:"id"`
+				At        time.Time `json:"at"`
+				Amount    int64     `json:"amount"`
+				Kind      string    `json:"kind"`
+				RequestID string    `json:"request_id,omitempty"`
+				Balance   int64     `json:"balance"`
+			}
+			out := []entry{}
+			for _, e := range es {
+				out = append(out, entry{e.ID, e.At.UTC(), e.Amount, e.Kind, e.RequestID, e.Balance})
+			}
+			f.printJSON(out)
+			return exitOK, nil
+		}
+		if len(es) == 0 {
+			fmt.Fprintf(c.stdout, "%q has no ledger entries (the ledger records limiters with Config.Ledger and the CLI's durable checks)\n", pos[0])
+		}
+		for _, e := range es {
+			line := fmt.Sprintf("%s  %-6s %+d  balance %d", e.At.UTC().Format(time.RFC3339Nano), e.Kind, e.Amount, e.Balance)
+			if e.RequestID != "" {
+				line += "  request " + strconv.Quote(e.RequestID)
+			}
+			fmt.Fprintln(c.stdout, line)
+		}
+		return exitOK, nil
+	})
 }
 
 func expiryText(t time.Time) string {

@@ -283,13 +283,13 @@ func TestMessages(t *testing.T) {
 
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
-		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\napplied 00003_create_grants.sql\n")
+		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\napplied 00003_create_grants.sql\napplied 00004_requests_and_ledger.sql\n")
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
-		require.Contains(t, out, "nothing to apply: all 3 migrations are applied")
+		require.Contains(t, out, "nothing to apply: all 4 migrations are applied")
 		code, out, _ = pgrl(bare, "migrate", "down")
 		require.Equal(t, 0, code)
-		require.True(t, strings.HasPrefix(out, "rolled back 00003_create_grants.sql\n"), out)
+		require.True(t, strings.HasPrefix(out, "rolled back 00004_requests_and_ledger.sql\n"), out)
 	})
 
 	t.Run("a negative refund is a number, not a flag", func(t *testing.T) {
@@ -559,4 +559,49 @@ func TestAllowSpendsGrantsExactly(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `"remaining":0`)
 	require.Contains(t, out, `"granted":0`)
+}
+
+// allow --request-id charges once (a repeat prints the first outcome and
+// exits as it did), settle brings it to its actual cost, ledger lists it.
+func TestRequestIDSettleLedger(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewSchema(t).URL(t)
+	policy := []string{"--prefix", "llm", "--capacity", "100", "--refill", "100", "--interval", "720h"}
+	with := func(args ...string) []string { return append(args, policy...) }
+
+	code, first, stderr := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, first, "60 of 100 left")
+	code, again, _ := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1")...)
+	require.Equal(t, 0, code)
+	require.Equal(t, first, again, "a repeat prints the first outcome")
+
+	code, out, stderr := pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "25")...)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, out, `settled request "call-1" of "acme" at 25: 75 of 100 tokens`)
+	code, out, _ = pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "99")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "75 of 100 tokens", "settling twice changes nothing")
+	code, _, stderr = pgrl(url, with("settle", "acme", "--request-id", "nope", "--actual", "1")...)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "request ID")
+	code, _, _ = pgrl(url, with("settle", "acme", "--actual", "1")...)
+	require.Equal(t, 2, code, "--request-id is required")
+
+	code, out, _ = pgrl(url, with("ledger", "acme")...)
+	require.Equal(t, 0, code)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 2, out)
+	require.Regexp(t, `charge\s+-40\s+balance 60\s+request "call-1"`, lines[0])
+	require.Regexp(t, `settle\s+\+15\s+balance 75\s+request "call-1"`, lines[1])
+	code, out, _ = pgrl(url, with("ledger", "acme", "--json", "--since", "1h")...)
+	require.Equal(t, 0, code)
+	var entries []struct {
+		Amount  int64  `json:"amount"`
+		Kind    string `json:"kind"`
+		Balance int64  `json:"balance"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &entries))
+	require.Len(t, entries, 2)
+	require.Equal(t, int64(75), entries[1].Balance)
 }
