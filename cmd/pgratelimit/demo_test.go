@@ -105,7 +105,8 @@ func getJSON(t *testing.T, method, u string, form url.Values, v any) int {
 
 // The page's API without a browser: the state comes from the database, a
 // policy applies (or is refused in its own words), the rollback scenario
-// spends nothing, and two limits answer together.
+// spends nothing, two limits answer together, and credits spill from the
+// monthly quota into a grant.
 func TestDemoAPI(t *testing.T) {
 	t.Parallel()
 	page := startDemo(t, testdb.NewEmptySchema(t).URL(t))
@@ -117,6 +118,7 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, `"demo";q=5;w=5`, st.Policy.Header)
 	require.Equal(t, checkCounts{Allowed: 5, Denied: 2}, st.Checks, "the walkthrough's seven checks, read from pgratelimit.checks")
 	require.Empty(t, st.Error)
+	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "every 720h", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}}, st.Credits)
 
 	var errBody map[string]string
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"soon"}}, &errBody))
@@ -153,6 +155,74 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, int64(0), st.Bucket.Tokens)
 	require.Equal(t, int64(4), st.Minute.Tokens, "the denied request took nothing from the per-minute limit")
 
+	// Credits: charges of 7 use the monthly quota of 100 up to 2, the 15th
+	// is denied with the reason; a grant of 10; a charge of 4 takes the
+	// quota's 2 and 2 of the grant.
+	charge := func(cost string) (int, http.Header, chargeJSON) {
+		t.Helper()
+		resp, err := http.Post(page+"api/credits/charge?cost="+cost, "", nil)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var c chargeJSON
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&c))
+		return resp.StatusCode, resp.Header, c
+	}
+	for i := range 14 {
+		code, h, c := charge("7")
+		require.Equal(t, 200, code)
+		require.Equal(t, chargeJSON{Allowed: true, Cost: 7, FromQuota: 7, Quota: int64(93 - 7*i), Capacity: 100,
+			Message: fmt.Sprintf("Charged 7 from the monthly quota: %d of 100 left, 0 granted.", 93-7*i)}, c)
+		require.Equal(t, `"demo-credits";q=100;w=2592000`, h.Get("RateLimit-Policy"))
+	}
+	code, h, c := charge("7")
+	require.Equal(t, 429, code)
+	require.Equal(t, chargeJSON{Cost: 7, Quota: 2, Capacity: 100, Message: "Denied: a charge of 7 is more than the 2 left of the monthly quota " +
+		"and the 0 granted; nothing taken. The quota renews in 30 days; or grant credits."}, c)
+	require.Equal(t, "2592000", h.Get("Retry-After"))
+	require.Equal(t, `"demo-credits";r=2;t=2592000`, h.Get("RateLimit"))
+
+	var granted struct {
+		Message string      `json:"message"`
+		Credits creditsJSON `json:"credits"`
+	}
+	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/grant", url.Values{"amount": {"10"}}, &granted))
+	require.Equal(t, "Granted 10 credits (never expires): 10 granted in all, beside the quota's 2 of 100.", granted.Message)
+	require.Equal(t, []creditGrantJSON{{Amount: 10}}, granted.Credits.Grants)
+
+	code, _, c = charge("4")
+	require.Equal(t, 200, code)
+	require.Equal(t, chargeJSON{Allowed: true, Cost: 4, FromQuota: 2, FromGrants: 2, Quota: 0, Capacity: 100, Granted: 8,
+		Message: "Charged 4: 2 from the monthly quota (0 of 100 left), 2 from grants (8 left)."}, c)
+	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+	require.Equal(t, int64(0), st.Credits.Quota)
+	require.Equal(t, int64(8), st.Credits.Granted)
+	require.Equal(t, []creditGrantJSON{{Amount: 8}}, st.Credits.Grants)
+	require.InDelta(t, (720 * time.Hour).Milliseconds(), st.Credits.RenewsInMS, float64(time.Minute.Milliseconds()))
+
+	// Beyond the quota and the grant: denied, nothing taken; beyond even a
+	// full quota: grant credits.
+	code, _, c = charge("20")
+	require.Equal(t, 429, code)
+	require.Equal(t, chargeJSON{Cost: 20, Quota: 0, Capacity: 100, Granted: 8, Message: "Denied: a charge of 20 is more than the 0 left of the " +
+		"monthly quota and the 8 granted; nothing taken. The quota renews in 30 days; or grant credits."}, c)
+	code, _, c = charge("200")
+	require.Equal(t, 429, code)
+	require.Contains(t, c.Message, "Even a full quota (100) would not cover it: grant credits.")
+	code, _, _ = charge("x")
+	require.Equal(t, 400, code)
+	require.Equal(t, 400, getJSON(t, "POST", page+"api/credits/grant", url.Values{"amount": {"10"}, "expires_in": {"later"}}, &errBody))
+	require.Equal(t, `expires_in must be a positive duration such as 1h or 168h, got "later"`, errBody["error"])
+
+	// A grant that expires is spent first; starting over empties both.
+	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/grant", url.Values{"amount": {"5"}, "expires_in": {"90m"}}, &granted))
+	require.Equal(t, "Granted 5 credits (expires in 1 h 30 min): 13 granted in all, beside the quota's 0 of 100.", granted.Message)
+	require.Len(t, granted.Credits.Grants, 2)
+	require.Equal(t, int64(5), granted.Credits.Grants[0].Amount)
+	require.NotEmpty(t, granted.Credits.Grants[0].ExpiresAt)
+	require.Equal(t, creditGrantJSON{Amount: 8}, granted.Credits.Grants[1])
+	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/reset", nil, &granted))
+	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "every 720h", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}}, granted.Credits)
+
 	// The event stream sends the state at least twice a second.
 	resp, err := http.Get(page + "api/events")
 	require.NoError(t, err)
@@ -173,7 +243,8 @@ const chromium = "/usr/bin/chromium"
 
 // The page in a real browser: a burst shows 200s then 429s, the token count
 // drops to 0 and refills, a new policy applies, the rollback scenario spends
-// nothing, and the console stays free of errors. With
+// nothing, the credits gauges follow a monthly quota used up, a grant and a
+// charge that spills into it, and the console stays free of errors. With
 // PGRATELIMIT_UPDATE_SCREENSHOT=1 it saves docs/demo.png.
 func TestDemoPage(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
@@ -327,6 +398,54 @@ func TestDemoPage(t *testing.T) {
 	waitFor("two limits", fmt.Sprintf(q+`.textContent.includes('Requests denied by one limit took nothing from the other')`, "scenario-status"), 30*time.Second)
 	require.Regexp(t, `^Two limits: [1-6] of 9 allowed; denied: `, text("scenario-status"))
 	require.Regexp(t, `^[0-5] of 6$`, text("minute"))
+
+	// Credits, step by step: the monthly quota used up (a 429 that says
+	// why), a grant, and a charge that spills from the quota into it.
+	credits := func(quota, granted, grants string) {
+		t.Helper()
+		waitFor("quota "+quota+", granted "+granted, fmt.Sprintf(q+`.textContent === '%s' && `+q+`.textContent === '%s' && `+q+`.textContent === '%s'`,
+			"credits-quota", quota, "credits-granted", granted, "credits-grants", grants), 10*time.Second)
+	}
+	credits("100", "0", "no grants")
+	require.Equal(t, "100", text("credits-capacity"))
+	require.Equal(t, "demo-credits", text("credits-prefix"))
+	require.Equal(t, "full · renewed every 720h", text("credits-renews"))
+	n := len(results())
+	do("use up the quota", click("credits-use-up"))
+	waitFor("the quota used up", fmt.Sprintf(q+`.textContent.startsWith('Quota used up:')`, "credits-status"), 30*time.Second)
+	require.Equal(t, "Quota used up: 14 charges of 7 passed, then 429 Too Many Requests. Denied: a charge of 7 is more than the 2 left "+
+		"of the monthly quota and the 0 granted; nothing taken. The quota renews in 30 days; or grant credits.", text("credits-status"))
+	charges := results()[n:]
+	require.Len(t, charges, 15)
+	require.Regexp(t, `^#\d+ 200 OK cost 7 RateLimit: "demo-credits";r=93;t=2592000 Charged 7 from the monthly quota: 93 of 100 left, 0 granted\.`, charges[0])
+	require.Regexp(t, `^#\d+ 429 Too Many Requests cost 7 RateLimit: "demo-credits";r=2;t=2592000 Retry-After: 2592000 Denied: `, charges[14])
+	credits("2", "0", "no grants")
+	require.Equal(t, "back to 100 in 30 days · renewed every 720h", text("credits-renews"))
+	do("grant 10", click("credits-grant-10"))
+	waitFor("the grant", fmt.Sprintf(q+`.textContent.startsWith('Granted')`, "credits-status"), 10*time.Second)
+	require.Equal(t, "Granted 10 credits (never expires): 10 granted in all, beside the quota's 2 of 100.", text("credits-status"))
+	credits("2", "10", "10 credits, never expire")
+	do("charge 4", click("credits-charge-4"))
+	waitFor("the charge", fmt.Sprintf(q+`.textContent.startsWith('Charged 4')`, "credits-status"), 10*time.Second)
+	require.Equal(t, "Charged 4: 2 from the monthly quota (0 of 100 left), 2 from grants (8 left).", text("credits-status"))
+	credits("0", "8", "8 credits, never expire")
+	require.Equal(t, "0%", eval(fmt.Sprintf(q+`.style.width`, "credits-quota-gauge")))
+	require.Equal(t, "8%", eval(fmt.Sprintf(q+`.style.width`, "credits-granted-gauge")))
+	// A charge beyond both is denied and takes nothing.
+	do("charge 20", setValue("credits-cost", "20"), click("credits-charge"))
+	waitFor("the denial", fmt.Sprintf(q+`.textContent.startsWith('429')`, "credits-status"), 10*time.Second)
+	require.Equal(t, "429 Too Many Requests. Denied: a charge of 20 is more than the 0 left of the monthly quota and the 8 granted; "+
+		"nothing taken. The quota renews in 30 days; or grant credits.", text("credits-status"))
+	credits("0", "8", "8 credits, never expire")
+	do("start over", click("credits-reset"))
+	waitFor("a fresh start", fmt.Sprintf(q+`.textContent.startsWith('Started over')`, "credits-status"), 10*time.Second)
+	credits("100", "0", "no grants")
+	// The whole sequence, from the scenarios.
+	do("the credits scenario", click("scenario-credits"))
+	waitFor("credits", fmt.Sprintf(q+`.textContent.startsWith('Credits:')`, "scenario-status"), 30*time.Second)
+	require.Equal(t, "Credits: used up the quota, granted 10, charged 4. Charged 4: 2 from the monthly quota (0 of 100 left), 2 from grants (8 left).",
+		text("scenario-status"))
+	credits("0", "8", "8 credits, never expire")
 
 	// Something to look at: a burst under a policy that refills a token a
 	// second, and the bucket refilling step by step on its grid.
