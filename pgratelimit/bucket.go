@@ -2,26 +2,44 @@ package pgratelimit
 
 import (
 	"math"
-	"math/big"
 	"time"
 )
 
 // expiryGranularity is what expires_at is rounded up to. Coarse rounding keeps
-// expires_at unchanged across most updates of a busy row, and makes a bucket
-// that was full only briefly keep its refill grid (see bucket.load).
+// expires_at unchanged across most updates of a busy row.
 const expiryGranularity = time.Minute
 
-// policy is a validated Config's bucket parameters.
+// policy is a validated Config's bucket parameters: Capacity, Refill, and the
+// schedule of the refills (a grid of Interval, or a Calendar's boundaries).
 type policy struct {
 	capacity int64
 	refill   int64
+	sched    schedule
+
+	// interval is transitional: a policy without sched refills on the grid
+	// of interval. Callers build policies with gridPolicy (or set sched);
+	// this field goes once none sets it.
 	interval time.Duration
 }
 
-// bucket is one row: tokens as of refilledAt, a point on the row's refill grid.
-// A row with expiresAt <= now is full and is treated exactly like a missing
-// row, and so is a placeholder row (refilledAt is the zero time) that a check
-// inserted and never wrote.
+// gridPolicy is the policy of a plain Interval: refills at every whole
+// multiple of interval since the Unix epoch.
+func gridPolicy(capacity, refill int64, interval time.Duration) policy {
+	return policy{capacity: capacity, refill: refill, sched: grid{interval: interval}}
+}
+
+// schedule is p's schedule.
+func (p policy) schedule() schedule {
+	if p.sched == nil {
+		return grid{interval: p.interval}
+	}
+	return p.sched
+}
+
+// bucket is one row: tokens as of refilledAt, a boundary of the policy's
+// schedule. A row with expiresAt <= now is full and is treated exactly like a
+// missing row, and so is a placeholder row (refilledAt is the zero time) that
+// a check inserted and never wrote.
 type bucket struct {
 	tokens     int64
 	refilledAt time.Time
@@ -33,78 +51,69 @@ func (b bucket) same(o bucket) bool {
 }
 
 // fresh is the bucket of a key never seen before (or deleted, or expired):
-// full, its refill grid starting now.
+// full, as of the latest boundary of its schedule. The schedule's phase is
+// the policy's (the Unix epoch for a grid, the anchor for a calendar), not the
+// row's, so a bucket that is deleted once full and created again refills at
+// the same moments as one that was kept: cleanup never changes a decision.
 func (p policy) fresh(now time.Time) bucket {
-	return bucket{tokens: p.capacity, refilledAt: now, expiresAt: now}
+	return bucket{tokens: p.capacity, refilledAt: p.schedule().floor(now), expiresAt: now}
 }
 
 // load brings a stored bucket to now: expired rows become fresh, tokens above
-// a lowered Capacity are clamped, and every whole Interval since refilledAt
-// adds Refill tokens (capped). refilledAt moves by whole intervals only, even
-// when the cap cuts the refill short, and never backwards: a clock that is
-// behind refilledAt adds nothing.
+// a lowered Capacity are clamped, and every boundary of the schedule in
+// (refilledAt, now] adds Refill tokens (capped). refilledAt moves to the last
+// of those boundaries, even when the cap cuts the refill short, and never
+// backwards: a clock that is behind refilledAt adds nothing.
 func (p policy) load(b bucket, now time.Time) bucket {
 	if !now.Before(b.expiresAt) || b.refilledAt.IsZero() {
 		return p.fresh(now)
 	}
 	b.tokens = min(max(b.tokens, 0), p.capacity)
-	n := intervalsBetween(b.refilledAt, now, p.interval)
+	s := p.schedule()
+	n := s.count(b.refilledAt, now)
 	if n == 0 {
 		return b
 	}
 	b.tokens = min(addSat(b.tokens, mulSat(n, p.refill)), p.capacity)
-	b.refilledAt = addIntervals(b.refilledAt, n, p.interval) // n*interval <= now-refilledAt
+	b.refilledAt = s.add(b.refilledAt, n) // the latest boundary <= now
 	return b
 }
 
-// intervalsBetween is how many whole intervals fit from from to to (0 when
-// to is not after from), also for gaps longer than a time.Duration's ~292
-// years, where time.Sub saturates.
-func intervalsBetween(from, to time.Time, interval time.Duration) int64 {
-	if !to.After(from) {
-		return 0
+// refillsFor is how many refills bring need more tokens (need > 0).
+func (p policy) refillsFor(need int64) int64 {
+	refills := need / p.refill
+	if need%p.refill != 0 {
+		refills++
 	}
-	if d := to.Sub(from); d < math.MaxInt64 {
-		return int64(d / interval)
-	}
-	ns := new(big.Int).Mul(big.NewInt(to.Unix()-from.Unix()), big.NewInt(int64(time.Second)))
-	ns.Add(ns, big.NewInt(int64(to.Nanosecond()-from.Nanosecond())))
-	n := ns.Quo(ns, big.NewInt(int64(interval)))
-	if !n.IsInt64() {
-		return math.MaxInt64
-	}
-	return n.Int64()
-}
-
-// addIntervals is t + n*interval, in steps that each fit a time.Duration.
-func addIntervals(t time.Time, n int64, interval time.Duration) time.Time {
-	step := math.MaxInt64 / int64(interval) // intervals per step
-	for n > step {
-		t = t.Add(time.Duration(step) * interval)
-		n -= step
-	}
-	return t.Add(time.Duration(n) * interval)
+	return refills
 }
 
 // untilTokens is how long after now the bucket b (already loaded) holds at
-// least want tokens, assuming no other check. Zero if it already does.
+// least want tokens, assuming no other check: until the boundary that brings
+// the refills it lacks. Zero if it already does.
 func (p policy) untilTokens(b bucket, now time.Time, want int64) time.Duration {
 	need := want - b.tokens
 	if need <= 0 {
 		return 0
 	}
-	refills := need / p.refill
-	if need%p.refill != 0 {
-		refills++
+	at := p.schedule().add(b.refilledAt, p.refillsFor(need))
+	return max(at.Sub(now), 0) // Sub saturates
+}
+
+// horizon is how long after a new row's first check, of cost, the bucket is
+// full again, at most (what untilTokens reports at that check, whenever it
+// falls): the refills that cost takes, each a whole Interval for a grid (the
+// first check falls at or after a boundary, so the bucket is full no later)
+// or the longest span of the calendar's period (25 hours for a day, a week
+// and an hour, 31 days and an hour), saturating. The engine stores it in a
+// placeholder row's expires_at, which reads as missing whatever it holds:
+// the bound only makes that check's UPDATE more likely to leave expires_at
+// unchanged.
+func (p policy) horizon(cost int64) time.Duration {
+	if cost <= 0 {
+		return 0
 	}
-	// Whole intervals after refilledAt, minus what has passed since it.
-	d := durMulSat(p.interval, refills)
-	if passed := now.Sub(b.refilledAt); passed > 0 {
-		d -= passed // d >= interval > passed here, no underflow
-	} else {
-		d = durAddSat(d, -passed)
-	}
-	return d
+	return durMulSat(p.schedule().longest(), p.refillsFor(min(cost, p.capacity)))
 }
 
 // result is what a check of the loaded bucket b reports after taking cost
@@ -143,7 +152,7 @@ func (p policy) give(b bucket, now time.Time, n int64) (bucket, Result) {
 // expiryGranularity, never before the stored one (a row only ever moves its
 // expiry forward, which keeps most updates HOT when expires_at is indexed).
 func (p policy) expiry(b bucket, now time.Time, resetAfter time.Duration) time.Time {
-	// now+resetAfter is refilledAt + the whole intervals to full, also when
+	// now+resetAfter is the boundary at which the bucket is full, also when
 	// now is behind refilledAt.
 	e := roundUp(timeAddSat(now, resetAfter), expiryGranularity)
 	if e.Before(b.expiresAt) {
@@ -164,8 +173,9 @@ func roundUp(t time.Time, d time.Duration) time.Time {
 // 294276, Go's time.Duration arithmetic from now reaches year 2262.
 var maxTime = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
+// timeAddSat is t+d (d >= 0), or maxTime if that is later.
 func timeAddSat(t time.Time, d time.Duration) time.Time {
-	if maxTime.Sub(t) <= d {
+	if s := maxTime.Sub(t); s < math.MaxInt64 && s <= d { // a saturated Sub is further than any d
 		return maxTime
 	}
 	return t.Add(d)
@@ -194,8 +204,4 @@ func mulSat(a, b int64) int64 {
 
 func durMulSat(d time.Duration, n int64) time.Duration {
 	return time.Duration(mulSat(int64(d), n))
-}
-
-func durAddSat(a, b time.Duration) time.Duration {
-	return time.Duration(addSat(int64(a), int64(b)))
 }

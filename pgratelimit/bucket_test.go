@@ -9,10 +9,12 @@ import (
 	"unicode/utf8"
 )
 
+// t0 is a boundary of every grid of a whole number of seconds dividing a
+// day (grids are phased at the Unix epoch).
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 
 func TestLoadRefillsOnTheGrid(t *testing.T) {
-	p := policy{capacity: 20, refill: 5, interval: 10 * time.Second}
+	p := gridPolicy(20, 5, 10*time.Second)
 	b := bucket{tokens: 3, refilledAt: t0, expiresAt: t0.Add(time.Hour)}
 
 	got := p.load(b, t0.Add(9999*time.Millisecond))
@@ -31,7 +33,7 @@ func TestLoadRefillsOnTheGrid(t *testing.T) {
 }
 
 func TestLoadClampsAndExpires(t *testing.T) {
-	p := policy{capacity: 5, refill: 1, interval: time.Second}
+	p := gridPolicy(5, 1, time.Second)
 	// Capacity lowered since the row was written.
 	got := p.load(bucket{tokens: 90, refilledAt: t0, expiresAt: t0.Add(time.Hour)}, t0)
 	if got.tokens != 5 {
@@ -42,15 +44,34 @@ func TestLoadClampsAndExpires(t *testing.T) {
 	if got := p.load(b, t0.Add(-time.Hour)); !got.same(b) {
 		t.Fatalf("late clock changed the bucket: %+v", got)
 	}
-	// Past expiresAt: a fresh bucket, grid restarting now.
-	now := t0.Add(2 * time.Hour)
-	if got := p.load(b, now); !got.same(p.fresh(now)) {
+	// Past expiresAt: a fresh bucket, full as of the grid's latest boundary.
+	now := t0.Add(2*time.Hour + 300*time.Millisecond)
+	if got := p.load(b, now); !got.same(p.fresh(now)) || got.tokens != 5 || !got.refilledAt.Equal(t0.Add(2*time.Hour)) {
 		t.Fatalf("expired row is not fresh: %+v", got)
 	}
 }
 
+// A new bucket's grid is the policy's, phased at the Unix epoch, not the
+// first check's: a check at 12:00:07 against 1 per 10s refills at 12:00:10.
+func TestFreshKeepsThePhase(t *testing.T) {
+	p := gridPolicy(1, 1, 10*time.Second)
+	now := t0.Add(7 * time.Second)
+	b := p.fresh(now)
+	if b.tokens != 1 || !b.refilledAt.Equal(t0) {
+		t.Fatalf("fresh: %+v", b)
+	}
+	b, r := p.take(b, now, 1)
+	if !r.Allowed || r.ResetAfter != 3*time.Second || !b.expiresAt.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("take: %+v %+v", r, b)
+	}
+	// The old grid would have started at the first check: 12:00:17.
+	if got := p.load(b, t0.Add(10*time.Second)); got.tokens != 1 || !got.refilledAt.Equal(t0.Add(10*time.Second)) {
+		t.Fatalf("refill at 12:00:10: %+v", got)
+	}
+}
+
 func TestTakeAndRetryAfter(t *testing.T) {
-	p := policy{capacity: 10, refill: 3, interval: time.Second}
+	p := gridPolicy(10, 3, time.Second)
 	b := bucket{tokens: 1, refilledAt: t0, expiresAt: t0.Add(30 * time.Second)}
 	now := t0.Add(400 * time.Millisecond)
 
@@ -74,7 +95,7 @@ func TestTakeAndRetryAfter(t *testing.T) {
 }
 
 func TestExpiryOnlyMovesForward(t *testing.T) {
-	p := policy{capacity: 10, refill: 10, interval: time.Second}
+	p := gridPolicy(10, 10, time.Second)
 	later := t0.Add(time.Hour)
 	b := bucket{tokens: 10, refilledAt: t0, expiresAt: later}
 	nb, _ := p.take(b, t0, 1)
@@ -83,34 +104,44 @@ func TestExpiryOnlyMovesForward(t *testing.T) {
 	}
 }
 
-// Gaps longer than a time.Duration's ~292 years still count every whole
-// interval: a century-long Interval after 500 years adds 5 refills.
+// Gaps longer than a time.Duration's ~292 years still count every boundary:
+// a century-long Interval (of 365-day years, from the Unix epoch) after 500
+// years adds 5 refills.
 func TestLongGaps(t *testing.T) {
 	year := 365 * 24 * time.Hour
-	p := policy{capacity: 100, refill: 1, interval: 100 * year}
-	b := bucket{tokens: 0, refilledAt: t0, expiresAt: maxTime}
-	now := t0.AddDate(500, 0, 1)
+	p := gridPolicy(100, 1, 100*year)
+	b0 := p.fresh(t0).refilledAt
+	if !b0.Equal(unixEpoch) {
+		t.Fatalf("floor of %v: %v", t0, b0)
+	}
+	b := bucket{tokens: 0, refilledAt: b0, expiresAt: maxTime}
+	now := b0.AddDate(500, 0, 1)
 	got := p.load(b, now)
-	want := int64(now.Sub(t0) / p.interval) // saturated Sub: 2
+	want := int64(now.Sub(b0) / 100 / year) // saturated Sub: 2
 	if want != 2 || got.tokens != 5 {
 		t.Fatalf("tokens %d after 500 years (a saturating Sub counts %d)", got.tokens, want)
 	}
-	want500 := t0
+	want500 := b0
 	for range 5 {
 		want500 = want500.Add(100 * year)
 	}
 	if !got.refilledAt.Equal(want500) {
 		t.Fatalf("refilledAt %v", got.refilledAt)
 	}
-	if n := intervalsBetween(t0, t0.AddDate(1000, 0, 0), time.Microsecond); n <= 0 {
-		t.Fatalf("intervals over 1000 years of 1µs: %d", n)
+	later := t0.AddDate(1000, 0, 0)
+	if n, want := (grid{interval: time.Microsecond}).count(t0, later), (later.Unix()-t0.Unix())*1e6; n != want {
+		t.Fatalf("microseconds over 1000 years: %d, want %d", n, want)
+	}
+	if n := (grid{interval: 1}).count(time.Time{}, maxTime); n != math.MaxInt64 {
+		t.Fatalf("nanoseconds over 10000 years: %d, want saturation", n)
 	}
 }
 
 func TestSaturation(t *testing.T) {
-	p := policy{capacity: math.MaxInt64, refill: math.MaxInt64 / 2, interval: 100 * 365 * 24 * time.Hour}
-	b := bucket{tokens: 0, refilledAt: t0, expiresAt: maxTime}
-	got := p.load(b, t0.Add(250*365*24*time.Hour))
+	p := gridPolicy(math.MaxInt64, math.MaxInt64/2, 100*365*24*time.Hour)
+	b0 := p.fresh(t0).refilledAt
+	b := bucket{tokens: 0, refilledAt: b0, expiresAt: maxTime}
+	got := p.load(b, b0.Add(250*365*24*time.Hour))
 	if got.tokens != math.MaxInt64-1 {
 		t.Fatalf("tokens %d", got.tokens)
 	}
@@ -122,34 +153,93 @@ func TestSaturation(t *testing.T) {
 	if nb.tokens != math.MaxInt64 || r.Remaining != math.MaxInt64 {
 		t.Fatalf("give: %+v", r)
 	}
+	// The wait for a refill 2^63 nanoseconds away saturates.
+	p = gridPolicy(math.MaxInt64, 1, math.MaxInt64/2+1)
+	b = bucket{tokens: 0, refilledAt: p.fresh(t0).refilledAt, expiresAt: maxTime}
+	if _, r := p.take(b, t0, 3); r.RetryAfter != math.MaxInt64 || r.ResetAfter != math.MaxInt64 {
+		t.Fatalf("saturated waits: %+v", r)
+	}
 	if addSat(math.MaxInt64, 1) != math.MaxInt64 || addSat(math.MinInt64, -1) != math.MinInt64 {
 		t.Fatal("addSat")
 	}
 	if mulSat(math.MaxInt64, 2) != math.MaxInt64 || mulSat(0, math.MaxInt64) != 0 {
 		t.Fatal("mulSat")
 	}
-	if !timeAddSat(t0, math.MaxInt64).Equal(maxTime) {
+	if !timeAddSat(maxTime.Add(-time.Hour), 2*time.Hour).Equal(maxTime) || !timeAddSat(maxTime, 0).Equal(maxTime) {
 		t.Fatal("timeAddSat")
+	}
+	// 2^63-1ns from year 1 is year 293, not maxTime (a saturated Sub).
+	if got := timeAddSat(time.Time{}, math.MaxInt64); got.Year() != 293 {
+		t.Fatalf("timeAddSat from year 1: %v", got)
 	}
 }
 
-// model is a plain step-by-step token bucket: it advances one interval at a
-// time and finds waits by stepping, with none of bucket.go's arithmetic.
+func TestHorizon(t *testing.T) {
+	p := gridPolicy(10, 3, time.Second)
+	for cost, want := range map[int64]time.Duration{1: time.Second, 3: time.Second, 4: 2 * time.Second, 10: 4 * time.Second, 99: 4 * time.Second} {
+		if got := p.horizon(cost); got != want {
+			t.Errorf("grid, cost %d: %v, want %v", cost, got, want)
+		}
+		// An upper bound of the first check's ResetAfter, wherever it falls.
+		for _, now := range []time.Time{t0, t0.Add(time.Nanosecond), t0.Add(999 * time.Millisecond)} {
+			if _, r := p.take(p.fresh(now), now, min(cost, 10)); r.ResetAfter > p.horizon(cost) {
+				t.Errorf("cost %d at %v: reset %v after horizon %v", cost, now, r.ResetAfter, p.horizon(cost))
+			}
+		}
+	}
+	cal := policy{capacity: 10, refill: 5, sched: Calendar{Every: Month}.at(time.Time{})}
+	if got := cal.horizon(6); got != 2*(31*24+1)*time.Hour {
+		t.Errorf("calendar: %v", got)
+	}
+	if got := gridPolicy(math.MaxInt64, 1, time.Hour).horizon(math.MaxInt64); got != math.MaxInt64 {
+		t.Errorf("saturation: %v", got)
+	}
+}
+
+// model is a plain step-by-step token bucket that never forgets: it starts
+// full at its first check, as of the latest boundary of its schedule, walks
+// the boundaries one at a time (each adds refill, capped), and finds waits by
+// stepping, with none of bucket.go's arithmetic. Its row never expires, so
+// comparing it with the policy's bucket, whose row expires and may be
+// deleted, shows that expiry and cleanup never change a decision.
 type model struct {
 	capacity, refill int64
-	interval         time.Duration
+	bounds           modelSchedule
+	started          bool
 	tokens           int64
 	refilledAt       time.Time
 	expiresAt        time.Time
 }
 
+// modelSchedule is a schedule as the models know it.
+type modelSchedule interface {
+	floor(t time.Time) time.Time // the latest boundary at or before t
+	next(b time.Time) time.Time  // the boundary after boundary b
+}
+
+// modelGrid steps a grid of interval from the Unix epoch, in int64
+// nanoseconds (which reach 1678-2262).
+type modelGrid struct{ interval time.Duration }
+
+func (g modelGrid) floor(t time.Time) time.Time {
+	ns, iv := t.UnixNano(), int64(g.interval)
+	r := ns % iv
+	if r < 0 {
+		r += iv
+	}
+	return time.Unix(0, ns-r)
+}
+
+func (g modelGrid) next(b time.Time) time.Time { return b.Add(g.interval) }
+
 func (m *model) advance(now time.Time) {
-	if !now.Before(m.expiresAt) {
-		m.tokens, m.refilledAt, m.expiresAt = m.capacity, now, now
+	if !m.started {
+		m.started = true
+		m.tokens, m.refilledAt, m.expiresAt = m.capacity, m.bounds.floor(now), now
 		return
 	}
-	for !now.Before(m.refilledAt.Add(m.interval)) {
-		m.refilledAt = m.refilledAt.Add(m.interval)
+	for next := m.bounds.next(m.refilledAt); !now.Before(next); next = m.bounds.next(m.refilledAt) {
+		m.refilledAt = next
 		m.tokens += m.refill
 		if m.tokens > m.capacity {
 			m.tokens = m.capacity
@@ -161,7 +251,7 @@ func (m *model) advance(now time.Time) {
 func (m *model) waitFor(now time.Time, want int64) time.Duration {
 	tokens, at := m.tokens, m.refilledAt
 	for tokens < want {
-		at = at.Add(m.interval)
+		at = m.bounds.next(at)
 		tokens += m.refill
 	}
 	if tokens == m.tokens {
@@ -170,10 +260,15 @@ func (m *model) waitFor(now time.Time, want int64) time.Duration {
 	return at.Sub(now)
 }
 
+// take checks cost at now. A denied check writes nothing: the refills it
+// saw are not kept (they matter when the clock then moves backwards).
 func (m *model) take(now time.Time, cost int64) Result {
+	saved := *m
 	m.advance(now)
 	if m.tokens < cost {
-		return Result{Limit: m.capacity, Remaining: m.tokens, RetryAfter: m.waitFor(now, cost), ResetAfter: m.waitFor(now, m.capacity)}
+		r := Result{Limit: m.capacity, Remaining: m.tokens, RetryAfter: m.waitFor(now, cost), ResetAfter: m.waitFor(now, m.capacity)}
+		*m = saved
+		return r
 	}
 	m.tokens -= cost
 	r := Result{Allowed: true, Limit: m.capacity, Remaining: m.tokens, ResetAfter: m.waitFor(now, m.capacity)}
@@ -188,38 +283,84 @@ func (m *model) take(now time.Time, cost int64) Result {
 	return r
 }
 
-// FuzzRefillMath runs a sequence of checks through the bucket math and the
-// step-by-step model and requires the same result at every step.
-func FuzzRefillMath(f *testing.F) {
-	f.Add(uint16(20), uint16(5), uint16(10000), []byte{0, 5, 10, 1, 0, 1, 200, 18, 50, 3})
-	f.Add(uint16(3), uint16(1), uint16(10000), []byte{99, 1, 99, 1, 99, 1, 70, 1, 70, 1})
-	f.Add(uint16(1), uint16(1), uint16(1), []byte{255, 1, 0, 1, 255, 1})
-	f.Fuzz(func(t *testing.T, capacity16, refill16, intervalMs uint16, steps []byte) {
-		capacity, refill := 1+int64(capacity16%1000), 1+int64(refill16%1000)
-		p := policy{capacity: capacity, refill: refill, interval: time.Duration(1+int(intervalMs)) * time.Millisecond}
-		m := &model{capacity: capacity, refill: refill, interval: p.interval}
-		now := t0
-		b := p.fresh(now)
-		m.tokens, m.refilledAt, m.expiresAt = b.tokens, b.refilledAt, b.expiresAt
-		for i := 0; i+1 < len(steps); i += 2 {
-			// Each step: time moves by steps[i] tenths of an interval
-			// (sometimes backwards), then a check of some cost.
-			dt := time.Duration(steps[i]) * p.interval / 10
-			if steps[i]%17 == 16 {
-				dt = -dt
-			}
-			now = now.Add(dt).Truncate(time.Microsecond)
-			cost := 1 + int64(steps[i+1])%capacity
-			want := m.take(now, cost)
+// store is the buckets table as far as one key goes: its row or none, and a
+// cleanup that deletes the row once it has expired.
+type store struct {
+	row     *bucket
+	cleanup bool
+}
 
-			var got Result
-			b, got = p.take(p.load(b, now), now, cost)
-			if got != want {
-				t.Fatalf("step %d (now +%v, cost %d): got %+v, model %+v", i/2, now.Sub(t0), cost, got, want)
-			}
-			if b.tokens != m.tokens || !b.refilledAt.Equal(m.refilledAt) || !b.expiresAt.Equal(m.expiresAt) {
-				t.Fatalf("step %d: bucket %+v, model %+v", i/2, b, m)
-			}
+// check runs one check as the engine does: cleanup (if it runs) first, a
+// missing row read as a placeholder, the new row written when allowed.
+func (s *store) check(p policy, now time.Time, cost int64) (bucket, Result) {
+	if s.cleanup && s.row != nil && !now.Before(s.row.expiresAt) {
+		s.row = nil
+	}
+	stored := bucket{} // the placeholder a check inserts
+	if s.row != nil {
+		stored = *s.row
+	}
+	b, r := p.take(p.load(stored, now), now, cost)
+	if r.Allowed {
+		s.row = &b
+	}
+	return b, r
+}
+
+// runModel runs checks through the policy (its row kept in st) and the
+// model from start: each pair of steps moves the clock by steps[i] tenths of
+// unit (backwards when steps[i]%17 == 16), then checks a cost from
+// steps[i+1]. At most 128 checks.
+func runModel(t *testing.T, p policy, m *model, st *store, start time.Time, unit time.Duration, steps []byte) {
+	t.Helper()
+	now := start
+	for i := 0; i+1 < len(steps) && i < 256; i += 2 {
+		dt := time.Duration(steps[i]) * unit / 10
+		if steps[i]%17 == 16 {
+			dt = -dt
+		}
+		now = now.Add(dt).Truncate(time.Microsecond)
+		cost := 1 + int64(steps[i+1])%p.capacity
+		want := m.take(now, cost)
+		b, got := st.check(p, now, cost)
+		if got != want {
+			t.Fatalf("step %d (now %v, cost %d, cleanup %v): got %+v, model %+v", i/2, now, cost, st.cleanup, got, want)
+		}
+		if got.Allowed && (b.tokens != m.tokens || !b.refilledAt.Equal(m.refilledAt) || !b.expiresAt.Equal(m.expiresAt)) {
+			t.Fatalf("step %d (now %v, cleanup %v): bucket %+v, model %+v", i/2, now, st.cleanup, b, m)
+		}
+	}
+}
+
+// FuzzRefillMath runs a sequence of checks through the bucket math and the
+// step-by-step model and requires the same result at every step, on a grid
+// (sched 0) or on one of the calendars of fuzzCalendars, once with the
+// bucket's row only expiring and once with a cleanup deleting it when it has.
+func FuzzRefillMath(f *testing.F) {
+	f.Add(uint16(20), uint16(5), uint16(10000), uint8(0), []byte{0, 5, 10, 1, 0, 1, 200, 18, 50, 3})
+	f.Add(uint16(3), uint16(1), uint16(10000), uint8(0), []byte{99, 1, 99, 1, 99, 1, 70, 1, 70, 1})
+	f.Add(uint16(1), uint16(1), uint16(1), uint8(0), []byte{255, 1, 0, 1, 255, 1})
+	for i := range fuzzCalendars {
+		f.Add(uint16(1000), uint16(400), uint16(0), uint8(1+i), []byte{3, 255, 7, 200, 12, 100, 33, 50, 16, 9, 9, 255, 40, 1, 11, 17})
+	}
+	f.Fuzz(func(t *testing.T, capacity16, refill16, intervalMs uint16, sched uint8, steps []byte) {
+		capacity, refill := 1+int64(capacity16%1000), 1+int64(refill16%1000)
+		var (
+			p     policy
+			ms    modelSchedule
+			start = t0
+			unit  = time.Duration(1+int(intervalMs)) * time.Millisecond
+		)
+		if k := int(sched) % (1 + len(fuzzCalendars)); k == 0 {
+			p, ms = gridPolicy(capacity, refill, unit), modelGrid{interval: unit}
+		} else {
+			fc := fuzzCalendars[k-1]
+			p = policy{capacity: capacity, refill: refill, sched: fc.cal.at(fc.key)}
+			ms, start, unit = fc.model(t), fc.start, fc.unit
+			start = start.Add(time.Duration(intervalMs) * unit / 1000)
+		}
+		for _, cleanup := range []bool{false, true} {
+			runModel(t, p, &model{capacity: capacity, refill: refill, bounds: ms}, &store{cleanup: cleanup}, start, unit, steps)
 		}
 	})
 }
@@ -245,7 +386,7 @@ func FuzzValidate(f *testing.F) {
 			}
 			return
 		}
-		p := policy{capacity: capacity, refill: refill, interval: time.Duration(interval)}
+		p := gridPolicy(capacity, refill, time.Duration(interval))
 		err := p.validateCost(cost)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidCost) && !errors.Is(err, ErrCostExceedsCapacity) {

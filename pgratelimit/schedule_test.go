@@ -1,0 +1,340 @@
+package pgratelimit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+	_ "time/tzdata" // the tests' zones, also where the system has no tz database
+)
+
+func zone(name string) *time.Location {
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		panic(err)
+	}
+	return loc
+}
+
+var (
+	berlin   = zone("Europe/Berlin")
+	newYork  = zone("America/New_York")
+	lordHowe = zone("Australia/Lord_Howe") // DST of 30 minutes, at 02:00
+	apia     = zone("Pacific/Apia")        // skipped 30 December 2011
+	kwaj     = zone("Pacific/Kwajalein")   // skipped 21 August 1993
+	testZones = []*time.Location{time.UTC, berlin, newYork, lordHowe, apia, kwaj}
+)
+
+// modelList is a schedule's boundaries, enumerated: the models' view of a
+// calendar.
+type modelList []time.Time
+
+func (l modelList) search(t time.Time) int {
+	return sort.Search(len(l), func(i int) bool { return l[i].After(t) })
+}
+
+// floor is the latest boundary at or before t.
+func (l modelList) floor(t time.Time) time.Time {
+	i := l.search(t) - 1
+	if i < 0 {
+		panic(fmt.Sprintf("model: %v before the first boundary %v", t, l[0]))
+	}
+	return l[i]
+}
+
+// next is the first boundary after b.
+func (l modelList) next(b time.Time) time.Time {
+	i := l.search(b)
+	if i == len(l) {
+		panic(fmt.Sprintf("model: %v after the last boundary %v", b, l[len(l)-1]))
+	}
+	return l[i]
+}
+
+// modelBoundaries enumerates the boundaries of c (with a per-key anchor,
+// when not zero) from the first of year from to the last before year to, by
+// stepping through the calendar's days in UTC (AddDate) and making each
+// boundary with time.Date in the zone: every day, the days of the anchor's
+// weekday, or each month's anchor day clamped to the month's last. A
+// boundary that is not after the previous one (a day the zone skipped) is
+// moved to a nanosecond after it.
+func modelBoundaries(c Calendar, key time.Time, from, to int) modelList {
+	loc := c.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	a := key
+	if a.IsZero() {
+		a = c.Anchor
+	}
+	hour, minute, sec, nsec, day, weekday := 0, 0, 0, 0, 1, time.Monday
+	if !a.IsZero() {
+		a = a.In(loc)
+		hour, minute, sec = a.Clock()
+		nsec, day, weekday = a.Nanosecond()/1000*1000, a.Day(), a.Weekday()
+	}
+	var l modelList
+	for d := time.Date(from, 1, 1, 12, 0, 0, 0, time.UTC); d.Year() < to; d = d.AddDate(0, 0, 1) {
+		switch c.Every {
+		case Day:
+		case Week:
+			if d.Weekday() != weekday {
+				continue
+			}
+		case Month:
+			last := time.Date(d.Year(), d.Month()+1, 0, 12, 0, 0, 0, time.UTC).Day()
+			if d.Day() != min(day, last) {
+				continue
+			}
+		}
+		b := time.Date(d.Year(), d.Month(), d.Day(), hour, minute, sec, nsec, loc)
+		if len(l) > 0 && !b.After(l[len(l)-1]) {
+			b = l[len(l)-1].Add(1)
+		}
+		l = append(l, b)
+	}
+	return l
+}
+
+func describe(c Calendar, key time.Time) string {
+	s := fmt.Sprintf("%v in %v", c.Every, c.Location)
+	if !c.Anchor.IsZero() {
+		s += fmt.Sprintf(", anchor %v", c.Anchor.In(c.Location))
+	}
+	if !key.IsZero() {
+		s += fmt.Sprintf(", key's anchor %v", key.In(c.Location))
+	}
+	return s
+}
+
+// checkAgainstModel compares floor, count and add of s with the enumerated
+// boundaries l at random times within them, at the boundaries and a
+// nanosecond around them.
+func checkAgainstModel(t *testing.T, name string, s schedule, l modelList, rng *rand.Rand) {
+	t.Helper()
+	for i := 1; i < len(l); i++ {
+		if !l[i].After(l[i-1]) {
+			t.Fatalf("%s: model not increasing at %v", name, l[i])
+		}
+	}
+	lo, hi := l[1].UnixNano(), l[len(l)-2].UnixNano()
+	randTime := func() (time.Time, int) {
+		var tt time.Time
+		switch rng.IntN(4) {
+		case 0: // a boundary
+			tt = l[1+rng.IntN(len(l)-2)]
+		case 1: // just before or after one
+			tt = l[1+rng.IntN(len(l)-2)].Add(time.Duration(rng.IntN(3) - 1))
+		default:
+			tt = time.Unix(0, lo+rng.Int64N(hi-lo)).In(testZones[rng.IntN(len(testZones))])
+		}
+		return tt, l.search(tt) - 1 // the index of its floor
+	}
+	for range 500 {
+		tt, i := randTime()
+		if got := s.floor(tt); !got.Equal(l[i]) {
+			t.Fatalf("%s: floor(%v) = %v, model %v", name, tt, got, l[i])
+		}
+		// count from a boundary, from a time between two (the boundaries
+		// after it count), and backwards.
+		u, j := randTime()
+		if got, want := s.count(l[i], u), int64(max(j-i, 0)); got != want {
+			t.Fatalf("%s: count(%v, %v) = %d, model %d", name, l[i], u, got, want)
+		}
+		if got, want := s.count(tt, u), int64(max(j-i, 0)); got != want {
+			t.Fatalf("%s: count(%v, %v) = %d, model %d", name, tt, u, got, want)
+		}
+		n := rng.IntN(len(l) - 1 - i)
+		if got := s.add(l[i], int64(n)); !got.Equal(l[i+n]) {
+			t.Fatalf("%s: add(%v, %d) = %v, model %v", name, l[i], n, got, l[i+n])
+		}
+		if n > 0 {
+			if got := s.add(tt, int64(n)); !got.Equal(l[i+n]) {
+				t.Fatalf("%s: add(%v, %d) = %v, model %v", name, tt, n, got, l[i+n])
+			}
+		}
+	}
+}
+
+// Calendar math against the enumerated model: zones with DST of an hour and
+// of 30 minutes, with skipped days, months of 28-31 days and leap years
+// (2000, 2024, 2028; 1900 and 2100 are not), absolute and per-key anchors,
+// anchors in a DST gap or fold and past a month's end.
+func TestCalendarAgainstModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(18, 1))
+	years := map[Period][2]int{Day: {2010, 2031}, Week: {1985, 2040}, Month: {1895, 2106}}
+	for _, loc := range testZones {
+		anchors := []time.Time{
+			{}, // midnight, Mondays, the 1st
+			time.Date(2024, 1, 31, 0, 0, 0, 0, loc),
+			time.Date(2026, 3, 29, 2, 30, 0, 0, loc),       // Sunday; 02:30 missing in Berlin that day
+			time.Date(2026, 11, 1, 1, 30, 0, 0, loc),       // Sunday; 01:30 twice in New York that day
+			time.Date(2026, 10, 4, 2, 15, 0, 0, loc),       // Sunday; missing in Lord Howe that day
+			time.Date(2025, 5, 30, 23, 59, 59, 999999, loc), // Friday
+			time.Date(2011, 12, 30, 0, 0, 0, 0, time.UTC),  // read in loc
+		}
+		for range 2 {
+			anchors = append(anchors, time.Date(2026, time.Month(1+rng.IntN(12)), 1+rng.IntN(31),
+				rng.IntN(24), rng.IntN(60), rng.IntN(60), rng.IntN(1e9), loc))
+		}
+		for _, every := range []Period{Day, Week, Month} {
+			for i, anchor := range anchors {
+				// Each anchor both as the calendar's and as a key's (over
+				// another calendar anchor, which it replaces).
+				abs := Calendar{Every: every, Location: loc, Anchor: anchor}
+				perKey := Calendar{Every: every, Location: loc, Anchor: anchors[(i+1)%len(anchors)]}
+				if anchor.IsZero() {
+					perKey.Anchor = time.Time{}
+				}
+				l := modelBoundaries(abs, time.Time{}, years[every][0], years[every][1])
+				checkAgainstModel(t, describe(abs, time.Time{}), abs.at(time.Time{}), l, rng)
+				checkAgainstModel(t, describe(perKey, anchor), perKey.at(anchor), l, rng)
+			}
+		}
+	}
+}
+
+func TestCalendarFacts(t *testing.T) {
+	day := func(loc *time.Location, y int, m time.Month, d int) time.Duration {
+		s := Calendar{Every: Day, Location: loc}.at(time.Time{})
+		b := time.Date(y, m, d, 0, 0, 0, 0, loc)
+		if !s.floor(b).Equal(b) {
+			t.Fatalf("%v is not a boundary", b)
+		}
+		return s.add(b, 1).Sub(b)
+	}
+	for _, c := range []struct {
+		loc  *time.Location
+		date time.Time
+		want time.Duration
+	}{
+		{berlin, time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC), 23 * time.Hour},
+		{berlin, time.Date(2026, 10, 25, 0, 0, 0, 0, time.UTC), 25 * time.Hour},
+		{berlin, time.Date(2026, 10, 26, 0, 0, 0, 0, time.UTC), 24 * time.Hour},
+		{newYork, time.Date(2026, 3, 8, 0, 0, 0, 0, time.UTC), 23 * time.Hour},
+		{newYork, time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), 25 * time.Hour},
+		{lordHowe, time.Date(2026, 10, 4, 0, 0, 0, 0, time.UTC), 23*time.Hour + 30*time.Minute},
+		{lordHowe, time.Date(2026, 4, 5, 0, 0, 0, 0, time.UTC), 24*time.Hour + 30*time.Minute},
+		{apia, time.Date(2011, 12, 29, 0, 0, 0, 0, time.UTC), time.Nanosecond}, // 30 December never began
+		{time.UTC, time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC), 24 * time.Hour},
+	} {
+		y, m, d := c.date.Date()
+		if got := day(c.loc, y, m, d); got != c.want {
+			t.Errorf("%d-%02d-%02d in %v lasts %v, want %v", y, m, d, c.loc, got, c.want)
+		}
+	}
+
+	// Apia went from UTC-10 to UTC+14 after 29 December 2011: 31 December
+	// began 24 hours after the 29th did.
+	a := Calendar{Every: Day, Location: apia}.at(time.Time{})
+	b29 := time.Date(2011, 12, 29, 0, 0, 0, 0, apia)
+	if got := a.add(b29, 2); !got.Equal(time.Date(2011, 12, 31, 0, 0, 0, 0, apia)) || got.Sub(b29) != 24*time.Hour {
+		t.Errorf("Apia: %v", got)
+	}
+	if got := a.count(b29, b29.Add(time.Hour)); got != 1 {
+		t.Errorf("Apia: %d boundaries in the hour after the 29th's, want the 30th's", got)
+	}
+
+	// Months anchored on the 31st: the last day of short months, back to
+	// the 31st after them; February has 29 days in 2000, 2024 and 2028,
+	// not in 1900 or 2100.
+	s := Calendar{Every: Month, Anchor: time.Date(2000, 1, 31, 0, 0, 0, 0, time.UTC)}.at(time.Time{})
+	b := s.floor(time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC))
+	for i, want := range []string{"2028-01-31", "2028-02-29", "2028-03-31", "2028-04-30", "2028-05-31"} {
+		if got := s.add(b, int64(i)).Format(time.DateOnly); got != want {
+			t.Errorf("month %d after Jan 31 2028: %s, want %s", i, got, want)
+		}
+	}
+	for y, want := range map[int]int{1900: 28, 2000: 29, 2024: 29, 2026: 28, 2100: 28, 2400: 29} {
+		if got := s.floor(time.Date(y, 3, 1, 0, 0, 0, 0, time.UTC)).Day(); got != want {
+			t.Errorf("February %d: boundary on the %d, want %d", y, got, want)
+		}
+	}
+
+	// Weeks: Mondays at midnight by default; a weekday from the anchor.
+	w := Calendar{Every: Week, Location: berlin}.at(time.Time{})
+	if got := w.floor(time.Date(2026, 5, 17, 23, 0, 0, 0, berlin)); !got.Equal(time.Date(2026, 5, 11, 0, 0, 0, 0, berlin)) {
+		t.Errorf("week: %v", got)
+	}
+	w = Calendar{Every: Week, Location: berlin}.at(time.Date(2020, 1, 3, 9, 0, 0, 0, berlin)) // a Friday
+	if got := w.add(w.floor(time.Date(2026, 5, 17, 0, 0, 0, 0, berlin)), 1); !got.Equal(time.Date(2026, 5, 22, 9, 0, 0, 0, berlin)) {
+		t.Errorf("key's week: %v", got)
+	}
+
+	// The anchor is read in Location: midnight UTC is 01:00 in Berlin.
+	c := Calendar{Every: Day, Location: berlin, Anchor: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}.at(time.Time{})
+	if got := c.floor(time.Date(2026, 1, 10, 12, 0, 0, 0, berlin)); !got.Equal(time.Date(2026, 1, 10, 1, 0, 0, 0, berlin)) {
+		t.Errorf("anchor read in Location: %v", got)
+	}
+	// ... to the microsecond.
+	c = Calendar{Every: Day, Anchor: time.Date(2026, 1, 1, 0, 0, 0, 1999, time.UTC)}.at(time.Time{})
+	if got := c.floor(t0); got.Nanosecond() != 1000 {
+		t.Errorf("anchor's nanoseconds: %v", got)
+	}
+}
+
+// fuzzCalendar is a calendar that FuzzRefillMath runs checks on, from start,
+// the clock moving in tenths of unit, and its enumerated boundaries.
+type fuzzCalendar struct {
+	cal   Calendar
+	key   time.Time // the key's anchor, or zero
+	start time.Time
+	unit  time.Duration
+
+	once sync.Once
+	list modelList
+}
+
+// model is fc's boundaries over the years runModel's clock can reach.
+func (fc *fuzzCalendar) model(t *testing.T) modelList {
+	fc.once.Do(func() {
+		span := int(130*26*fc.unit/(365*24*time.Hour)) + 2
+		fc.list = modelBoundaries(fc.cal, fc.key, fc.start.Year()-span, fc.start.Year()+span)
+	})
+	return fc.list
+}
+
+var fuzzCalendars = []*fuzzCalendar{
+	{cal: Calendar{Every: Day}, start: t0, unit: 24 * time.Hour},
+	{cal: Calendar{Every: Day, Location: berlin, Anchor: time.Date(2026, 3, 29, 2, 30, 0, 0, berlin)},
+		start: time.Date(2026, 3, 20, 0, 0, 0, 0, berlin), unit: 24 * time.Hour},
+	{cal: Calendar{Every: Day, Location: lordHowe}, key: time.Date(2026, 10, 4, 2, 10, 0, 0, lordHowe),
+		start: time.Date(2026, 9, 30, 0, 0, 0, 0, lordHowe), unit: 24 * time.Hour},
+	{cal: Calendar{Every: Day, Location: apia}, start: time.Date(2011, 12, 26, 0, 0, 0, 0, apia), unit: 24 * time.Hour},
+	{cal: Calendar{Every: Week, Location: newYork, Anchor: time.Date(2026, 11, 1, 1, 30, 0, 0, newYork)},
+		start: time.Date(2026, 10, 1, 0, 0, 0, 0, newYork), unit: 7 * 24 * time.Hour},
+	{cal: Calendar{Every: Month, Location: berlin}, key: time.Date(2024, 1, 31, 0, 0, 0, 0, berlin),
+		start: time.Date(2027, 12, 1, 0, 0, 0, 0, berlin), unit: 30 * 24 * time.Hour},
+	{cal: Calendar{Every: Month, Location: lordHowe, Anchor: time.Date(2026, 1, 29, 2, 15, 0, 0, lordHowe)},
+		start: time.Date(2026, 1, 1, 0, 0, 0, 0, lordHowe), unit: 30 * 24 * time.Hour},
+	{cal: Calendar{Every: Month, Location: newYork}, start: time.Date(2099, 12, 1, 0, 0, 0, 0, newYork), unit: 30 * 24 * time.Hour},
+}
+
+// A bucket under a calendar against the step-by-step model, over random
+// checks (costs, clocks moving by fractions of a period, sometimes
+// backwards), with the row only expiring and with a cleanup deleting it
+// once expired: the same decisions.
+func TestBucketCalendarAgainstModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(18, 2))
+	for i, fc := range fuzzCalendars {
+		for range 40 {
+			capacity := 1 + rng.Int64N(100)
+			refill := 1 + rng.Int64N(capacity)
+			steps := make([]byte, 2*(1+rng.IntN(128)))
+			for j := range steps {
+				steps[j] = byte(rng.UintN(256))
+				if j%2 == 0 && rng.IntN(3) > 0 {
+					steps[j] %= 16 // mostly small moves: checks within a period
+				}
+			}
+			t.Run(fmt.Sprintf("%d/%s", i, describe(fc.cal, fc.key)), func(t *testing.T) {
+				p := policy{capacity: capacity, refill: refill, sched: fc.cal.at(fc.key)}
+				for _, cleanup := range []bool{false, true} {
+					runModel(t, p, &model{capacity: capacity, refill: refill, bounds: fc.model(t)}, &store{cleanup: cleanup}, fc.start, fc.unit, steps)
+				}
+			})
+		}
+	}
+}
