@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -336,6 +337,151 @@ func TestBucketCalendarAgainstModel(t *testing.T) {
 					runModel(t, p, &model{capacity: capacity, refill: refill, bounds: fc.model(t)}, &store{cleanup: cleanup}, fc.start, fc.unit, steps)
 				}
 			})
+		}
+	}
+}
+
+func TestCalendarValidate(t *testing.T) {
+	for _, p := range []Period{Day, Week, Month} {
+		if err := (Calendar{Every: p}).validate(); err != nil {
+			t.Errorf("%v: %v", p, err)
+		}
+	}
+	for _, p := range []Period{0, -1, 4} {
+		err := Calendar{Every: p, Location: berlin}.validate()
+		if err == nil || !strings.Contains(err.Error(), "Calendar.Every") {
+			t.Errorf("Every %d: %v", p, err)
+		}
+	}
+	if got := fmt.Sprint(Day, Week, Month, Period(7)); got != "day week month Period(7)" {
+		t.Errorf("String: %s", got)
+	}
+}
+
+// examplePolicy is a quota of capacity with refill per period of cal, for
+// the key whose anchor is key (or none).
+func examplePolicy(capacity, refill int64, cal Calendar, key time.Time) policy {
+	return policy{capacity: capacity, refill: refill, sched: cal.at(key)}
+}
+
+// exampleCheck is one check of an example, and what it must report.
+type exampleCheck struct {
+	at         time.Time
+	cost       int64
+	allowed    bool
+	remaining  int64
+	retryAfter time.Duration // when denied
+	resetAfter time.Duration
+}
+
+// runExample runs the checks, with and without a cleanup deleting the
+// key's row whenever it has expired.
+func runExample(t *testing.T, p policy, checks []exampleCheck) {
+	t.Helper()
+	for _, cleanup := range []bool{false, true} {
+		st := &store{cleanup: cleanup}
+		for _, c := range checks {
+			_, r := st.check(p, c.at, c.cost)
+			want := Result{Allowed: c.allowed, Limit: p.capacity, Remaining: c.remaining, RetryAfter: c.retryAfter, ResetAfter: c.resetAfter}
+			if r != want {
+				t.Errorf("cleanup %v, %v, cost %d: %+v, want %+v", cleanup, c.at, c.cost, r, want)
+			}
+		}
+	}
+}
+
+// README: a monthly quota of 1000 renewed on the 31st, which in shorter
+// months is their last day (February 29 in 2028, a leap year).
+func TestExampleMonthEnd(t *testing.T) {
+	day := 24 * time.Hour
+	utc := func(m time.Month, d, h int) time.Time { return time.Date(2028, m, d, h, 0, 0, 0, time.UTC) }
+	cal := Calendar{Every: Month, Anchor: time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC)}
+	runExample(t, examplePolicy(1000, 1000, cal, time.Time{}), []exampleCheck{
+		{utc(1, 31, 10), 1000, true, 0, 0, 28*day + 14*time.Hour}, // renewed Feb 29 00:00
+		{utc(2, 28, 23), 1, false, 0, time.Hour, time.Hour},
+		{utc(2, 29, 0), 600, true, 400, 0, 31 * day}, // renewed Mar 31
+		{utc(3, 30, 12), 500, false, 400, 12 * time.Hour, 12 * time.Hour},
+		{utc(3, 31, 0), 1000, true, 0, 0, 30 * day}, // renewed Apr 30
+		{utc(4, 30, 0), 1, true, 999, 0, 31 * day},  // renewed May 31
+	})
+
+	// The same limiter for a customer who subscribed on January 17 at
+	// 14:23:05 in Berlin (a per-key anchor): renewed on the 17th at 14:23:05
+	// Berlin time, whatever the season.
+	sub := time.Date(2026, 1, 17, 14, 23, 5, 0, berlin)
+	p := examplePolicy(1000, 1000, Calendar{Every: Month, Location: berlin, Anchor: cal.Anchor}, sub)
+	runExample(t, p, []exampleCheck{
+		{sub, 1000, true, 0, 0, 31 * day},
+		{time.Date(2026, 3, 17, 14, 23, 4, 0, berlin), 1, true, 999, 0, time.Second},         // renewed Feb 17
+		{time.Date(2026, 3, 17, 14, 23, 5, 0, berlin), 1000, true, 0, 0, 31*day - time.Hour}, // Mar 29 lasts 23 hours
+		{time.Date(2026, 4, 17, 14, 23, 4, 0, berlin), 1, false, 0, time.Second, time.Second},
+		{time.Date(2026, 4, 17, 14, 23, 5, 0, berlin), 1, true, 999, 0, 30 * day},
+	})
+}
+
+// README: a daily quota in Europe/Berlin renews at midnight, Berlin time;
+// 2026-03-29 lasts 23 hours, 2026-10-25 lasts 25.
+func TestExampleDSTDay(t *testing.T) {
+	at := func(m time.Month, d, h, min int) time.Time { return time.Date(2026, m, d, h, min, 0, 0, berlin) }
+	p := examplePolicy(100, 100, Calendar{Every: Day, Location: berlin}, time.Time{})
+	runExample(t, p, []exampleCheck{
+		{at(3, 28, 22, 0), 100, true, 0, 0, 2 * time.Hour},
+		{at(3, 29, 0, 0), 100, true, 0, 0, 23 * time.Hour},
+		{at(3, 29, 23, 30), 1, false, 0, 30 * time.Minute, 30 * time.Minute},
+		{at(10, 25, 0, 0), 100, true, 0, 0, 25 * time.Hour},
+		{at(10, 25, 23, 0), 1, false, 0, time.Hour, time.Hour},
+		{at(10, 26, 0, 0), 1, true, 99, 0, 24 * time.Hour},
+	})
+}
+
+// README: a rollover quota, 1000 credits a month on the 1st of which up to
+// 1500 are kept: unused credits roll over, up to 500 of them.
+func TestExampleRollover(t *testing.T) {
+	day := 24 * time.Hour
+	at := func(m time.Month, d int) time.Time { return time.Date(2026, m, d, 0, 0, 0, 0, time.UTC) }
+	p := examplePolicy(1500, 1000, Calendar{Every: Month}, time.Time{})
+	runExample(t, p, []exampleCheck{
+		{at(1, 10), 1200, true, 300, 0, 50 * day},          // full again after two renewals: Mar 1
+		{at(2, 1), 100, true, 1200, 0, 28 * day},           // 300 + 1000 on Feb 1
+		{at(3, 1), 1500, true, 0, 0, 61 * day},             // 1200 + 1000, capped at 1500
+		{at(4, 15), 1200, false, 1000, 16 * day, 16 * day}, // 1000 on Apr 1; 1500 on May 1
+		{at(4, 15), 1000, true, 0, 0, 47 * day},
+	})
+}
+
+// README and issue 18: the fixed grid keeps its phase (multiples of Interval
+// since the Unix epoch) when the row expires and is deleted: a check every
+// 9.9s against 1 per 10s, from a whole multiple of 10s, is denied only once
+// (the second check: the first refill has not come yet); with a Capacity of
+// 2 or 3, never.
+func TestExampleGridKeepsPhase(t *testing.T) {
+	if t0.UnixNano()%int64(10*time.Second) != 0 {
+		t.Fatal("t0 is not on the grid")
+	}
+	for _, c := range []struct {
+		capacity, allowed int
+		denied            []int
+	}{{1, 99, []int{1}}, {2, 100, nil}, {3, 100, nil}} {
+		for _, cleanup := range []bool{false, true} {
+			p := gridPolicy(int64(c.capacity), 1, 10*time.Second)
+			st := &store{cleanup: cleanup}
+			deletes := 0
+			var denied []int
+			for i := range 100 {
+				now := t0.Add(time.Duration(i) * 9900 * time.Millisecond)
+				if st.row != nil && !now.Before(st.row.expiresAt) {
+					deletes++
+				}
+				if _, r := st.check(p, now, 1); !r.Allowed {
+					denied = append(denied, i)
+				}
+			}
+			if len(denied) != 100-c.allowed || fmt.Sprint(denied) != fmt.Sprint(c.denied) {
+				t.Errorf("capacity %d, cleanup %v: denied %v, want %v", c.capacity, cleanup, denied, c.denied)
+			}
+			if cleanup && c.capacity == 1 && deletes < 10 {
+				t.Errorf("capacity %d: the row expired only %d times", c.capacity, deletes)
+			}
 		}
 	}
 }
