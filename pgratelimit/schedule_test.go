@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -484,4 +485,110 @@ func TestExampleGridKeepsPhase(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fuzzTime maps fuzz input to a time from before year 1 to after maxTime,
+// often the zero time, maxTime or close to them.
+func fuzzTime(sec int64, nsec uint32) time.Time {
+	ns := int64(nsec % 1e9)
+	switch uint64(sec) % 8 {
+	case 0:
+		return time.Time{}.Add(time.Duration(ns))
+	case 1:
+		return maxTime.Add(-time.Duration(ns))
+	case 2:
+		return maxTime.Add(time.Duration(ns) * 1000)
+	case 3:
+		return time.Time{}.Add(-time.Duration(ns) * 1000)
+	}
+	lo, hi := time.Time{}.Unix()-1e9, maxTime.Unix()+1e9
+	return time.Unix(lo+int64(uint64(sec)%uint64(hi-lo)), ns).In(testZones[uint64(sec)%uint64(len(testZones))])
+}
+
+// FuzzSchedule checks grids (of any Interval, to 2^63-1ns) and calendars
+// (any period, zone and anchor) at any time for panics and overflow, and
+// for the invariants: floor(t) <= t < add(floor(t), 1), floor of a
+// boundary is itself, count(b, add(b, n)) == n for boundaries b, count and
+// add agree with floor, and all of them are monotonic.
+func FuzzSchedule(f *testing.F) {
+	f.Add(uint8(0), int64(1), int64(10e9), int64(1e9), uint32(0), int64(2e9), uint32(5), int64(3))
+	f.Add(uint8(0), int64(0), int64(1), int64(4), uint32(1), int64(5), uint32(2), int64(math.MaxInt64))
+	f.Add(uint8(0), int64(0), int64(math.MaxInt64), int64(7), uint32(9), int64(6), uint32(8), int64(math.MaxInt64))
+	f.Add(uint8(1), int64(7), int64(0), int64(1e9), uint32(0), int64(2e10), uint32(5), int64(40))
+	f.Add(uint8(2), int64(1769000000), int64(0), int64(17), uint32(3), int64(9), uint32(7), int64(1e6))
+	f.Add(uint8(3), int64(1706659200), int64(0), int64(12), uint32(3), int64(11), uint32(7), int64(math.MaxInt64))
+	f.Fuzz(func(t *testing.T, kind uint8, anchor, interval, t1s int64, t1ns uint32, t2s int64, t2ns uint32, n int64) {
+		var s schedule
+		if k := kind % 4; k == 0 {
+			s = grid{interval: time.Duration(1 + uint64(interval)%math.MaxInt64)}
+		} else {
+			cal := Calendar{Every: Period(k), Location: testZones[int(kind/4)%len(testZones)]}
+			var key time.Time
+			if anchor != 0 {
+				key = fuzzTime(anchor, uint32(anchor))
+			}
+			s = cal.at(key)
+		}
+		t1, t2 := fuzzTime(t1s, t1ns), fuzzTime(t2s, t2ns)
+		if t2.Before(t1) {
+			t1, t2 = t2, t1
+		}
+		f1, f2 := s.floor(t1), s.floor(t2)
+		if f1.After(t1) || f2.After(t2) || f1.After(f2) {
+			t.Fatalf("floor(%v) = %v, floor(%v) = %v", t1, f1, t2, f2)
+		}
+		if g := s.floor(f1); !g.Equal(f1) {
+			t.Fatalf("floor(%v) = %v: not a boundary", f1, g)
+		}
+		if next := s.add(f1, 1); next.Before(maxTime) {
+			if !t1.Before(next) || !s.floor(next).Equal(next) || s.count(f1, next) != 1 {
+				t.Fatalf("floor(%v) = %v, next %v (a boundary: %v), %d between", t1, f1, next, s.floor(next), s.count(f1, next))
+			}
+		} else if !next.Equal(maxTime) && !next.Equal(f1) {
+			t.Fatalf("add(%v, 1) = %v", f1, next)
+		}
+		c := s.count(f1, t2)
+		if c < 0 || (c > 0) != f2.After(f1) {
+			t.Fatalf("count(%v, %v) = %d, floors %v, %v", f1, t2, c, f1, f2)
+		}
+		if c < math.MaxInt64 {
+			if a := s.add(f1, c); a.Before(maxTime) && !a.Equal(f2) {
+				t.Fatalf("add(%v, count %d) = %v, floor(%v) = %v", f1, c, a, t2, f2)
+			}
+		}
+		if s.count(t2, t1) != 0 && t2.After(t1) {
+			t.Fatalf("count backwards")
+		}
+		// The n-th boundary after f1, and the one after it.
+		n = max(n, -n, 0)
+		a := s.add(f1, n)
+		if a.Before(f1) || (n == 0 && !a.Equal(f1)) {
+			t.Fatalf("add(%v, %d) = %v", f1, n, a)
+		}
+		if a.Before(maxTime) {
+			if got := s.count(f1, a); got != n {
+				t.Fatalf("count(%v, add(%d) = %v) = %d", f1, n, a, got)
+			}
+			if !s.floor(a).Equal(a) {
+				t.Fatalf("add(%v, %d) = %v is not a boundary", f1, n, a)
+			}
+			if n < math.MaxInt64 {
+				if b := s.add(f1, n+1); !b.After(a) && b.Before(maxTime) {
+					t.Fatalf("add(%v, %d) = %v, add(%d) = %v", f1, n, a, n+1, b)
+				}
+			}
+		}
+		// The bucket math on top of it, at the extremes.
+		p := policy{capacity: math.MaxInt64, refill: 1 + max(n, -n, 0)%1000, sched: s}
+		if d := p.untilTokens(bucket{refilledAt: f1}, t1, 1+n%p.capacity); d < 0 {
+			t.Fatalf("untilTokens: %v", d)
+		}
+		if p.horizon(n) < 0 {
+			t.Fatalf("horizon(%d)", n)
+		}
+		b := p.load(bucket{tokens: 0, refilledAt: f1, expiresAt: maxTime}, t2)
+		if b.tokens < 0 || b.refilledAt.Before(f1) || b.refilledAt.After(t2) {
+			t.Fatalf("load: %+v", b)
+		}
+	})
 }
