@@ -53,7 +53,7 @@ func TestLoadClampsAndExpires(t *testing.T) {
 
 // A new bucket's grid is the policy's, phased at the Unix epoch, not the
 // first check's: a check at 12:00:07 against 1 per 10s refills at 12:00:10.
-func TestFreshKeepsThePhase(t *testing.T) {
+func TestBucketFreshKeepsThePhase(t *testing.T) {
 	p := gridPolicy(1, 1, 10*time.Second)
 	now := t0.Add(7 * time.Second)
 	b := p.fresh(now)
@@ -174,7 +174,7 @@ func TestSaturation(t *testing.T) {
 	}
 }
 
-func TestHorizon(t *testing.T) {
+func TestBucketHorizon(t *testing.T) {
 	p := gridPolicy(10, 3, time.Second)
 	for cost, want := range map[int64]time.Duration{1: time.Second, 3: time.Second, 4: 2 * time.Second, 10: 4 * time.Second, 99: 4 * time.Second} {
 		if got := p.horizon(cost); got != want {

@@ -393,7 +393,7 @@ func runExample(t *testing.T, p policy, checks []exampleCheck) {
 
 // README: a monthly quota of 1000 renewed on the 31st, which in shorter
 // months is their last day (February 29 in 2028, a leap year).
-func TestExampleMonthEnd(t *testing.T) {
+func TestCalendarExampleMonthEnd(t *testing.T) {
 	day := 24 * time.Hour
 	utc := func(m time.Month, d, h int) time.Time { return time.Date(2028, m, d, h, 0, 0, 0, time.UTC) }
 	cal := Calendar{Every: Month, Anchor: time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC)}
@@ -422,7 +422,7 @@ func TestExampleMonthEnd(t *testing.T) {
 
 // README: a daily quota in Europe/Berlin renews at midnight, Berlin time;
 // 2026-03-29 lasts 23 hours, 2026-10-25 lasts 25.
-func TestExampleDSTDay(t *testing.T) {
+func TestCalendarExampleDSTDay(t *testing.T) {
 	at := func(m time.Month, d, h, min int) time.Time { return time.Date(2026, m, d, h, min, 0, 0, berlin) }
 	p := examplePolicy(100, 100, Calendar{Every: Day, Location: berlin}, time.Time{})
 	runExample(t, p, []exampleCheck{
@@ -437,7 +437,7 @@ func TestExampleDSTDay(t *testing.T) {
 
 // README: a rollover quota, 1000 credits a month on the 1st of which up to
 // 1500 are kept: unused credits roll over, up to 500 of them.
-func TestExampleRollover(t *testing.T) {
+func TestCalendarExampleRollover(t *testing.T) {
 	day := 24 * time.Hour
 	at := func(m time.Month, d int) time.Time { return time.Date(2026, m, d, 0, 0, 0, 0, time.UTC) }
 	p := examplePolicy(1500, 1000, Calendar{Every: Month}, time.Time{})
@@ -455,7 +455,7 @@ func TestExampleRollover(t *testing.T) {
 // 9.9s against 1 per 10s, from a whole multiple of 10s, is denied only once
 // (the second check: the first refill has not come yet); with a Capacity of
 // 2 or 3, never.
-func TestExampleGridKeepsPhase(t *testing.T) {
+func TestScheduleExampleGridKeepsPhase(t *testing.T) {
 	if t0.UnixNano()%int64(10*time.Second) != 0 {
 		t.Fatal("t0 is not on the grid")
 	}
