@@ -41,7 +41,7 @@ func TestAllowAllPerSecondAndPerDay(t *testing.T) {
 	require.False(t, m.Results[1].Allowed, "the daily bucket said no")
 	require.Equal(t, int64(5), m.Results[1].Remaining)
 	require.Equal(t, m.Results[1].RetryAfter, m.RetryAfter)
-	require.Greater(t, m.RetryAfter, 23*time.Hour)
+	require.Equal(t, time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC).Sub(clock.Now()), m.RetryAfter, "a daily grid refills at midnight UTC")
 	p, err := perSec.Peek(ctx, "api-key")
 	require.NoError(t, err)
 	require.Equal(t, int64(10), p.Remaining, "the per-second bucket is untouched")

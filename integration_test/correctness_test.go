@@ -139,12 +139,17 @@ func TestGivenUpCheckLeavesNoTrace(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, r.Allowed)
 	}
-	clock.Add(9 * time.Second) // 9s after the first real check: no refill yet for either
-	for _, key := range []string{"ghost", "never"} {
-		r, err := l.AllowN(ctx, key, 1)
-		require.NoError(t, err)
-		require.False(t, r.Allowed, "%s: a refill came early", key)
-		require.Equal(t, time.Second, r.RetryAfter, key)
+	// Both answer alike at every step: the refill at 10s, and nothing more
+	// until 20s.
+	for _, step := range []time.Duration{4 * time.Second, 0, 5 * time.Second, time.Second} {
+		clock.Add(step)
+		var got []pgratelimit.Result
+		for _, key := range []string{"ghost", "never"} {
+			r, err := l.AllowN(ctx, key, 1)
+			require.NoError(t, err)
+			got = append(got, r)
+		}
+		require.Equal(t, got[0], got[1], "ghost and never at +%s", clock.Now().Sub(t0))
 	}
 }
 

@@ -36,7 +36,7 @@ func serve(h http.Handler, peer string, header http.Header) *httptest.ResponseRe
 func TestMiddlewareHeaders(t *testing.T) {
 	t.Parallel()
 	clock := newClock()
-	clock.Set(500 * time.Millisecond) // half an interval into the grid of new buckets
+	clock.Set(500 * time.Millisecond) // half a second past a boundary of the grid (whole 10s since the epoch)
 	l := newLimiter(t, pgratelimit.Config{Prefix: "api", Capacity: 3, Refill: 1, Interval: 10 * time.Second, Clock: clock.Now})
 	h := httplimit.Middleware(l, httplimit.Options{LegacyHeaders: true})(okHandler)
 
@@ -51,19 +51,19 @@ func TestMiddlewareHeaders(t *testing.T) {
 		require.Empty(t, w.Header().Get("Retry-After"))
 	}
 
-	// The grid of this bucket started at 0.5s: at 10.5s a token is back;
-	// take it, then the next is at 20.5s. At 12.3s the wait is 8.2s and
-	// Retry-After says 9; at 20.4s the real wait is 0.1s and it says 1,
-	// never 0: rounded up, a client that obeys is never early.
+	// Refills fall at whole 10s: at 10.5s a token is back; take it, then
+	// the next is at 20s. At 12.3s the wait is 7.7s and Retry-After says
+	// 8; at 19.9s the real wait is 0.1s and it says 1, never 0: rounded
+	// up, a client that obeys is never early.
 	clock.Set(10*time.Second + 500*time.Millisecond)
 	require.Equal(t, http.StatusOK, serve(h, "198.51.100.1:1000", nil).Code)
 	clock.Set(12*time.Second + 300*time.Millisecond)
 	w := serve(h, "198.51.100.1:1000", nil)
 	require.Equal(t, http.StatusTooManyRequests, w.Code)
-	require.Equal(t, "9", w.Header().Get("Retry-After"))
-	require.Equal(t, `"api";r=0;t=29`, w.Header().Get("RateLimit"), "full at 40.5s: 28.2s rounded up")
+	require.Equal(t, "8", w.Header().Get("Retry-After"))
+	require.Equal(t, `"api";r=0;t=28`, w.Header().Get("RateLimit"), "full at 40s: 27.7s rounded up")
 	require.Contains(t, w.Body.String(), "too many requests")
-	clock.Set(20*time.Second + 400*time.Millisecond)
+	clock.Set(19*time.Second + 900*time.Millisecond)
 	w = serve(h, "198.51.100.1:1000", nil)
 	require.Equal(t, http.StatusTooManyRequests, w.Code)
 	require.Equal(t, "1", w.Header().Get("Retry-After"))
@@ -101,7 +101,8 @@ func TestMiddlewareForwardedFor(t *testing.T) {
 func TestMiddlewareCostAndKeys(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
-	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "upload", Capacity: 10, Refill: 1, Interval: time.Hour})
+	clock := newClock() // on the hour: the grid's refills fall on whole hours
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "upload", Capacity: 10, Refill: 1, Interval: time.Hour, Clock: clock.Now})
 	require.NoError(t, err)
 	h := httplimit.Middleware(l, httplimit.Options{
 		KeyFunc: httplimit.KeyByHeader("X-API-Key"),

@@ -23,7 +23,9 @@ func TestWaitBlocksUntilAllowed(t *testing.T) {
 
 func TestWaitReturnsAtOnceWhenTheDeadlineIsTooClose(t *testing.T) {
 	t.Parallel()
-	l := newLimiter(t, pgratelimit.Config{Prefix: "wait", Capacity: 1, Refill: 1, Interval: time.Hour})
+	clock := newClock()
+	clock.Set(time.Second) // a second past a refill: the next is 59m59s away
+	l := newLimiter(t, pgratelimit.Config{Prefix: "wait", Capacity: 1, Refill: 1, Interval: time.Hour, Clock: clock.Now})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := l.Allow(ctx, "k")

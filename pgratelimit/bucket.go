@@ -15,11 +15,6 @@ type policy struct {
 	capacity int64
 	refill   int64
 	sched    schedule
-
-	// interval is transitional: a policy without sched refills on the grid
-	// of interval. Callers build policies with gridPolicy (or set sched);
-	// this field goes once none sets it.
-	interval time.Duration
 }
 
 // gridPolicy is the policy of a plain Interval: refills at every whole
@@ -29,12 +24,7 @@ func gridPolicy(capacity, refill int64, interval time.Duration) policy {
 }
 
 // schedule is p's schedule.
-func (p policy) schedule() schedule {
-	if p.sched == nil {
-		return grid{interval: p.interval}
-	}
-	return p.sched
-}
+func (p policy) schedule() schedule { return p.sched }
 
 // bucket is one row: tokens as of refilledAt, a boundary of the policy's
 // schedule. A row with expiresAt <= now is full and is treated exactly like a
@@ -68,7 +58,7 @@ func (p policy) load(b bucket, now time.Time) bucket {
 	if !now.Before(b.expiresAt) || b.refilledAt.IsZero() {
 		return p.fresh(now)
 	}
-	b.tokens = min(max(b.tokens, 0), p.capacity)
+	b.tokens = min(b.tokens, p.capacity) // below zero: a debt (Settle, Debit), which refills repay
 	s := p.schedule()
 	n := s.count(b.refilledAt, now)
 	if n == 0 {
@@ -92,7 +82,7 @@ func (p policy) refillsFor(need int64) int64 {
 // least want tokens, assuming no other check: until the boundary that brings
 // the refills it lacks. Zero if it already does.
 func (p policy) untilTokens(b bucket, now time.Time, want int64) time.Duration {
-	need := want - b.tokens
+	need := addSat(want, -max(b.tokens, -math.MaxInt64)) // a debt adds to what is needed
 	if need <= 0 {
 		return 0
 	}

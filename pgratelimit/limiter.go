@@ -69,9 +69,21 @@ type Config struct {
 	// Must be > 0.
 	Refill int64
 
-	// Interval is the refill period. Must be > 0 and a whole number of
-	// microseconds (PostgreSQL's timestamp resolution).
+	// Interval is the refill period: Refill tokens arrive at every whole
+	// multiple of Interval since the Unix epoch (so the grid keeps its
+	// phase whatever happens to a bucket's row). Must be > 0 and a whole
+	// number of microseconds (PostgreSQL's timestamp resolution), unless
+	// Calendar is set.
 	Interval time.Duration
+
+	// Calendar, when set, makes the refills fall on calendar boundaries in
+	// a time zone instead of every Interval (leave Interval 0): every day,
+	// week or month, anchored for every key (Calendar.Anchor) or per key
+	// (Limiter.WithAnchor, e.g. each customer's subscription start). Refill
+	// == Capacity resets the quota at each boundary; a smaller Refill lets
+	// unused tokens roll over up to Capacity. Defaults to the zero
+	// Calendar: refills every Interval.
+	Calendar Calendar
 
 	// Storage chooses the durable (logged) or ephemeral (UNLOGGED) table.
 	// Defaults to Durable.
@@ -191,10 +203,16 @@ func (c Config) validate() error {
 	if c.Refill <= 0 {
 		return bad("Refill must be > 0, got %d", c.Refill)
 	}
-	if c.Interval <= 0 {
+	switch {
+	case c.Calendar != (Calendar{}) && c.Interval != 0:
+		return bad("set Interval or Calendar, not both (Interval %s, Calendar every %s)", c.Interval, c.Calendar.Every)
+	case c.Calendar != (Calendar{}):
+		if err := c.Calendar.validate(); err != nil {
+			return bad("%s", err)
+		}
+	case c.Interval <= 0:
 		return bad("Interval must be > 0, got %s", c.Interval)
-	}
-	if c.Interval%time.Microsecond != 0 {
+	case c.Interval%time.Microsecond != 0:
 		return bad("Interval must be a whole number of microseconds, got %s", c.Interval)
 	}
 	if c.CoalesceConns < 0 {
@@ -300,7 +318,7 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	l := &Limiter{
 		client:  c,
 		cfg:     cfg,
-		p:       policy{capacity: cfg.Capacity, refill: cfg.Refill, interval: cfg.Interval},
+		p:       cfg.policy(),
 		log:     log,
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 	}
@@ -312,6 +330,37 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 		c.addDenyCache(cfg.Prefix, l.deny)
 	}
 	return l, nil
+}
+
+// policy is c's bucket policy: a grid of Interval, or c's Calendar with its
+// own anchor.
+func (c Config) policy() policy {
+	if c.Calendar != (Calendar{}) {
+		return policy{capacity: c.Capacity, refill: c.Refill, sched: c.Calendar.at(time.Time{})}
+	}
+	return gridPolicy(c.Capacity, c.Refill, c.Interval)
+}
+
+// WithAnchor returns a limiter that checks key's bucket on the calendar
+// anchored at anchor rather than at Config.Calendar.Anchor: each customer's
+// quota renews on their own billing day (anchor: their subscription start,
+// read in the Calendar's Location). It shares everything else with l (the
+// client, the buckets, the settings) and costs a copy of the Limiter, so
+// make one per check:
+//
+//	res, err := quota.WithAnchor(customer.SubscribedAt).AllowN(ctx, customer.ID, 1)
+//
+// Use the same anchor for a key every time: the bucket remembers the last
+// boundary it was refilled at, not the anchor. On a limiter without a
+// Calendar it returns l.
+func (l *Limiter) WithAnchor(anchor time.Time) *Limiter {
+	if l.cfg.Calendar == (Calendar{}) {
+		return l
+	}
+	c := *l
+	c.cfg.Calendar.Anchor = anchor
+	c.p = c.cfg.policy()
+	return &c
 }
 
 // localNow is the process's time for the deny cache: Config.Clock's, else

@@ -105,7 +105,7 @@ func newPlan(reqs []*request, set settings, own bool, mode lockMode) *plan {
 			if _, ok := p.horizons[c.row]; !ok && q.op == opTake {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
-				p.horizons[c.row] = c.policy.untilTokens(bucket{tokens: c.policy.capacity - c.cost}, time.Time{}, c.policy.capacity)
+				p.horizons[c.row] = c.policy.horizon(c.cost)
 			}
 		}
 	}
