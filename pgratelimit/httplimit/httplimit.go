@@ -294,7 +294,7 @@ func FieldsFor(limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) Fie
 	policies := make([]string, len(limiters))
 	for i, l := range limiters {
 		cfg := l.Config()
-		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(window(cfg)))
+		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(window(cfg, time.Now())))
 	}
 	i := closest(res)
 	top := res.Results[i]
@@ -363,17 +363,29 @@ func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 	http.Error(w, "503 service unavailable: rate limiter unavailable", http.StatusServiceUnavailable)
 }
 
-// window is the seconds an empty bucket takes to fill, rounded up.
-func window(cfg pgratelimit.Config) int64 {
+// window is the seconds an empty bucket takes to fill, rounded up; for a
+// calendar, the seconds from now until the boundary that fills an empty
+// bucket: the seconds left in the period when Refill is Capacity.
+func window(cfg pgratelimit.Config, now time.Time) int64 {
 	refills := cfg.Capacity / cfg.Refill
 	if cfg.Capacity%cfg.Refill != 0 {
 		refills++
+	}
+	if cfg.Calendar != (pgratelimit.Calendar{}) {
+		end := cfg.Calendar.Next(now)
+		for n := int64(1); n < refills && n < maxPeriods; n++ {
+			end = cfg.Calendar.Next(end)
+		}
+		return ceilSeconds(end.Sub(now))
 	}
 	if refills > int64(time.Duration(1<<63-1)/cfg.Interval) {
 		return ceilSeconds(time.Duration(1<<63 - 1))
 	}
 	return ceilSeconds(time.Duration(refills) * cfg.Interval)
 }
+
+// maxPeriods bounds the calendar periods a window counts.
+const maxPeriods = 1200
 
 // ceilSeconds rounds d up to whole seconds: never earlier than the truth.
 func ceilSeconds(d time.Duration) int64 {

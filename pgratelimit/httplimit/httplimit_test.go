@@ -82,11 +82,23 @@ func TestHeaderHelpers(t *testing.T) {
 		}
 	}
 	cfg := pgratelimit.Config{Capacity: 10, Refill: 3, Interval: 1500 * time.Millisecond}
-	if w := window(cfg); w != 6 { // 4 refills of 1.5s
+	if w := window(cfg, time.Now()); w != 6 { // 4 refills of 1.5s
 		t.Fatalf("window %d", w)
 	}
 	cfg = pgratelimit.Config{Capacity: 1 << 62, Refill: 1, Interval: 100 * 365 * 24 * time.Hour}
-	if w := window(cfg); w <= 0 {
+	if w := window(cfg, time.Now()); w <= 0 {
 		t.Fatalf("huge window overflowed: %d", w)
+	}
+	// A calendar's window: the seconds left until an empty bucket is full,
+	// the rest of the month for a quota that resets, two boundaries for one
+	// that needs two refills.
+	now := time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC)
+	cfg = pgratelimit.Config{Capacity: 1000, Refill: 1000, Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}}
+	if w, want := window(cfg, now), int64(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC).Sub(now)/time.Second); w != want {
+		t.Fatalf("monthly window %d, want %d (to March 1st)", w, want)
+	}
+	cfg.Capacity = 1500
+	if w, want := window(cfg, now), int64(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).Sub(now)/time.Second); w != want {
+		t.Fatalf("rollover window %d, want %d (to April 1st)", w, want)
 	}
 }
