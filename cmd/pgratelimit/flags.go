@@ -32,6 +32,9 @@ type flags struct {
 	refill      int64
 	interval    time.Duration
 	storage     string
+	every       string // a calendar period, or "" for --interval
+	tz          string
+	anchor      string
 
 	// timeout bounds the command's database work (see command.timeout);
 	// connectTimeout each connection attempt, from connectFrom ("--connect-timeout"
@@ -153,8 +156,41 @@ func (f *flags) withPolicy() *flags {
 	f.Int64Var(&f.capacity, "capacity", 10, "most tokens a bucket holds (Config.Capacity)")
 	f.Int64Var(&f.refill, "refill", 1, "tokens added every interval (Config.Refill)")
 	f.DurationVar(&f.interval, "interval", time.Second, "the refill period (Config.Interval)")
+	f.StringVar(&f.every, "every", "", "refill on calendar boundaries instead of every --interval: day, week or month (Config.Calendar)")
+	f.StringVar(&f.tz, "tz", "UTC", "the time zone of --every's boundaries (a tz database name such as Europe/Berlin)")
+	f.StringVar(&f.anchor, "anchor", "", "the phase of --every's boundaries: a time (RFC 3339) or date whose time of day, weekday or day of the month they fall on (default: midnight, Mondays, the 1st)")
 	f.StringVar(&f.storage, "storage", "durable", "durable or ephemeral")
 	return f
+}
+
+// calendar reads --every, --tz and --anchor.
+func (f *flags) calendar() (pgratelimit.Calendar, error) {
+	var c pgratelimit.Calendar
+	switch f.every {
+	case "day":
+		c.Every = pgratelimit.Day
+	case "week":
+		c.Every = pgratelimit.Week
+	case "month":
+		c.Every = pgratelimit.Month
+	default:
+		return c, usagef("--every must be day, week or month, got %q", f.every)
+	}
+	loc, err := time.LoadLocation(f.tz)
+	if err != nil {
+		return c, usagef("--tz: no time zone %q in this system's tz database", f.tz)
+	}
+	c.Location = loc
+	if f.anchor != "" {
+		a, err := time.ParseInLocation(time.RFC3339Nano, f.anchor, loc)
+		if err != nil {
+			if a, err = time.ParseInLocation(time.DateOnly, f.anchor, loc); err != nil {
+				return c, usagef("--anchor must be an RFC 3339 time or a date (2026-01-17), got %q", f.anchor)
+			}
+		}
+		c.Anchor = a
+	}
+	return c, nil
 }
 
 // printHelp prints the command's usage line, summary and flags to w.
@@ -374,6 +410,17 @@ func (f *flags) config() (pgratelimit.Config, error) {
 		return cfg, usagef("--capacity must be at least 1, got %d", f.capacity)
 	case f.refill < 1:
 		return cfg, usagef("--refill must be at least 1, got %d", f.refill)
+	case f.every != "":
+		explicit := false
+		f.Visit(func(fl *flag.Flag) { explicit = explicit || fl.Name == "interval" })
+		if explicit {
+			return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
+		}
+		cal, err := f.calendar()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Calendar, cfg.Interval = cal, 0
 	case f.interval <= 0:
 		return cfg, usagef("--interval must be positive, got %s", f.interval)
 	case f.interval%time.Microsecond != 0:

@@ -605,3 +605,38 @@ func TestRequestIDSettleLedger(t *testing.T) {
 	require.Len(t, entries, 2)
 	require.Equal(t, int64(75), entries[1].Balance)
 }
+
+// Calendar periods from the policy flags: --every, --tz, --anchor.
+func TestCalendarFlags(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewSchema(t).URL(t)
+	policy := []string{"--prefix", "monthly", "--capacity", "3", "--refill", "3", "--every", "month", "--tz", "Europe/Berlin", "--anchor", "2026-01-17"}
+	for range 3 {
+		code, out, stderr := pgrl(url, append([]string{"allow", "k"}, policy...)...)
+		require.Equal(t, 0, code, out+stderr)
+	}
+	code, out, _ := pgrl(url, append([]string{"allow", "k", "--json"}, policy...)...)
+	require.Equal(t, 1, code)
+	var r struct {
+		RetryAfterMS int64 `json:"retry_after_ms"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &r))
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	now := time.Now().In(berlin)
+	next := time.Date(now.Year(), now.Month(), 17, 0, 0, 0, 0, berlin)
+	if !next.After(now) {
+		next = time.Date(now.Year(), now.Month()+1, 17, 0, 0, 0, 0, berlin)
+	}
+	require.InDelta(t, time.Until(next).Milliseconds(), r.RetryAfterMS, 60_000, "the quota renews on the 17th at midnight in Berlin")
+
+	for _, bad := range [][]string{
+		{"allow", "k", "--every", "year"},
+		{"allow", "k", "--every", "month", "--interval", "1h"},
+		{"allow", "k", "--every", "day", "--tz", "Mars/Olympus"},
+		{"allow", "k", "--every", "week", "--anchor", "someday"},
+	} {
+		code, _, stderr := pgrl(url, bad...)
+		require.Equal(t, 2, code, "%v: %s", bad, stderr)
+	}
+}
