@@ -5,12 +5,19 @@
 // # The bucket
 //
 // A Limiter keeps one bucket per key. A bucket holds at most Config.Capacity
-// tokens and starts full. Every whole Config.Interval since the bucket was
-// created it gains Config.Refill tokens, capped at Capacity. Refills fall on a
-// fixed grid: progress towards the next refill is never lost, so traffic just
-// under the refill rate is always allowed. Right around a refill moment a full
+// tokens and starts full. At every whole multiple of Config.Interval since
+// the Unix epoch (or at the boundaries of a Config.Calendar: every day, week
+// or month in a time zone) it gains Config.Refill tokens, capped at
+// Capacity. Refills fall on that fixed schedule, whatever happens to the
+// bucket's row: progress towards the next refill is never lost, so traffic
+// just under the refill rate is allowed. Right around a refill moment a full
 // bucket can let Capacity+Refill tokens through in quick succession; a small
 // Interval makes the limit smooth.
+//
+// Credits granted beyond the bucket (Limiter.Grant, Config.Grants) are
+// spent after its tokens; request IDs (WithRequestID) make a retried charge
+// count once; Settle brings an estimate to its actual cost; the ledger
+// (Config.Ledger) records every change.
 //
 // A check of cost n takes n tokens if the bucket holds n (Result.Allowed),
 // else it takes nothing, writes nothing, and says when to retry
@@ -84,8 +91,8 @@
 //
 // Every row records when its bucket is full again (expires_at, rounded up to
 // the minute). From then on the row means exactly what a missing row means (a
-// full bucket whose refill grid starts at its next check), so deleting expired
-// rows never changes a decision.
+// full bucket, refilled on the same schedule), so deleting expired rows never
+// changes a decision.
 //
 // # Schema
 //

@@ -266,9 +266,9 @@ type Result struct {
 
 // Limiter is a token-bucket rate limiter whose buckets live in PostgreSQL,
 // one row per key. Each bucket holds at most Capacity tokens, starts full, and
-// gains Refill tokens at every whole Interval of a grid that starts when the
-// bucket is created; a check of cost n takes n tokens if there are n, else it
-// is denied and takes nothing.
+// gains Refill tokens at every whole multiple of Interval since the Unix
+// epoch (or at each boundary of a Calendar); a check of cost n takes n tokens
+// if there are n, else it is denied and takes nothing.
 //
 // Every check is one transaction that locks the key's row, so checks are exact
 // under any concurrency, across any number of processes sharing the database.
@@ -466,8 +466,9 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	return r, nil
 }
 
-// Reset makes key's bucket full again by deleting its row; its refill grid
-// starts anew at the next check.
+// Reset makes key's bucket full again by deleting its row (its refills keep
+// falling on the limiter's schedule). With Config.Ledger it runs as a
+// transaction that also writes the ledger row.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
