@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -118,7 +119,7 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, `"demo";q=5;w=5`, st.Policy.Header)
 	require.Equal(t, checkCounts{Allowed: 5, Denied: 2}, st.Checks, "the walkthrough's seven checks, read from pgratelimit.checks")
 	require.Empty(t, st.Error)
-	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "every 720h", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}}, st.Credits)
+	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}}, st.Credits)
 
 	var errBody map[string]string
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"soon"}}, &errBody))
@@ -147,7 +148,7 @@ func TestDemoAPI(t *testing.T) {
 		statuses += fmt.Sprint(resp.StatusCode, " ")
 		require.Equal(t, `"demo";q=4;w=7200, "demo-per-minute";q=8;w=60`, resp.Header.Get("RateLimit-Policy"))
 		if resp.StatusCode == 429 {
-			require.Equal(t, `"demo";r=0;t=7200`, resp.Header.Get("RateLimit"))
+			require.Regexp(t, `^"demo";r=0;t=(3[6-9]\d\d|[4-6]\d\d\d|7[01]\d\d|7200)$`, resp.Header.Get("RateLimit"), "two refills on the hours' grid: 1-2 hours")
 		}
 	}
 	require.Equal(t, "200 200 200 200 429 ", statuses)
@@ -172,14 +173,17 @@ func TestDemoAPI(t *testing.T) {
 		require.Equal(t, 200, code)
 		require.Equal(t, chargeJSON{Allowed: true, Cost: 7, FromQuota: 7, Quota: int64(93 - 7*i), Capacity: 100,
 			Message: fmt.Sprintf("Charged 7 from the monthly quota: %d of 100 left, 0 granted.", 93-7*i)}, c)
-		require.Equal(t, `"demo-credits";q=100;w=2592000`, h.Get("RateLimit-Policy"))
+		require.Regexp(t, `^"demo-credits";q=100;w=\d+$`, h.Get("RateLimit-Policy"))
 	}
 	code, h, c := charge("7")
 	require.Equal(t, 429, code)
+	c.Message = renews(c.Message)
 	require.Equal(t, chargeJSON{Cost: 7, Quota: 2, Capacity: 100, Message: "Denied: a charge of 7 is more than the 2 left of the monthly quota " +
-		"and the 0 granted; nothing taken. The quota renews in 30 days; or grant credits."}, c)
-	require.Equal(t, "2592000", h.Get("Retry-After"))
-	require.Equal(t, `"demo-credits";r=2;t=2592000`, h.Get("RateLimit"))
+		"and the 0 granted; nothing taken. The quota renews in T; or grant credits."}, c)
+	retry, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64)
+	require.NoError(t, err)
+	require.InDelta(t, nextMonth(), retry, 2, "on the 1st")
+	require.Equal(t, `"demo-credits";r=2;t=`+h.Get("Retry-After"), h.Get("RateLimit"))
 
 	var granted struct {
 		Message string      `json:"message"`
@@ -197,14 +201,15 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, int64(0), st.Credits.Quota)
 	require.Equal(t, int64(8), st.Credits.Granted)
 	require.Equal(t, []creditGrantJSON{{Amount: 8}}, st.Credits.Grants)
-	require.InDelta(t, (720 * time.Hour).Milliseconds(), st.Credits.RenewsInMS, float64(time.Minute.Milliseconds()))
+	require.InDelta(t, time.Until(firstOfNextMonth()).Milliseconds(), st.Credits.RenewsInMS, float64(time.Minute.Milliseconds()))
 
 	// Beyond the quota and the grant: denied, nothing taken; beyond even a
 	// full quota: grant credits.
 	code, _, c = charge("20")
 	require.Equal(t, 429, code)
+	c.Message = renews(c.Message)
 	require.Equal(t, chargeJSON{Cost: 20, Quota: 0, Capacity: 100, Granted: 8, Message: "Denied: a charge of 20 is more than the 0 left of the " +
-		"monthly quota and the 8 granted; nothing taken. The quota renews in 30 days; or grant credits."}, c)
+		"monthly quota and the 8 granted; nothing taken. The quota renews in T; or grant credits."}, c)
 	code, _, c = charge("200")
 	require.Equal(t, 429, code)
 	require.Contains(t, c.Message, "Even a full quota (100) would not cover it: grant credits.")
@@ -221,7 +226,7 @@ func TestDemoAPI(t *testing.T) {
 	require.NotEmpty(t, granted.Credits.Grants[0].ExpiresAt)
 	require.Equal(t, creditGrantJSON{Amount: 8}, granted.Credits.Grants[1])
 	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/reset", nil, &granted))
-	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "every 720h", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}}, granted.Credits)
+	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}}, granted.Credits)
 
 	// The event stream sends the state at least twice a second.
 	resp, err := http.Get(page + "api/events")
@@ -409,18 +414,18 @@ func TestDemoPage(t *testing.T) {
 	credits("100", "0", "no grants")
 	require.Equal(t, "100", text("credits-capacity"))
 	require.Equal(t, "demo-credits", text("credits-prefix"))
-	require.Equal(t, "full · renewed every 720h", text("credits-renews"))
+	require.Equal(t, "full · renewed on the 1st of each month (UTC)", text("credits-renews"))
 	n := len(results())
 	do("use up the quota", click("credits-use-up"))
 	waitFor("the quota used up", fmt.Sprintf(q+`.textContent.startsWith('Quota used up:')`, "credits-status"), 30*time.Second)
 	require.Equal(t, "Quota used up: 14 charges of 7 passed, then 429 Too Many Requests. Denied: a charge of 7 is more than the 2 left "+
-		"of the monthly quota and the 0 granted; nothing taken. The quota renews in 30 days; or grant credits.", text("credits-status"))
+		"of the monthly quota and the 0 granted; nothing taken. The quota renews in T; or grant credits.", renews(text("credits-status")))
 	charges := results()[n:]
 	require.Len(t, charges, 15)
-	require.Regexp(t, `^#\d+ 200 OK cost 7 RateLimit: "demo-credits";r=93;t=2592000 Charged 7 from the monthly quota: 93 of 100 left, 0 granted\.`, charges[0])
-	require.Regexp(t, `^#\d+ 429 Too Many Requests cost 7 RateLimit: "demo-credits";r=2;t=2592000 Retry-After: 2592000 Denied: `, charges[14])
+	require.Regexp(t, `^#\d+ 200 OK cost 7 RateLimit: "demo-credits";r=93;t=\d+ Charged 7 from the monthly quota: 93 of 100 left, 0 granted\.`, charges[0])
+	require.Regexp(t, `^#\d+ 429 Too Many Requests cost 7 RateLimit: "demo-credits";r=2;t=\d+ Retry-After: \d+ Denied: `, charges[14])
 	credits("2", "0", "no grants")
-	require.Equal(t, "back to 100 in 30 days · renewed every 720h", text("credits-renews"))
+	require.Regexp(t, `^back to 100 in .+ · renewed on the 1st of each month \(UTC\)$`, text("credits-renews"))
 	do("grant 10", click("credits-grant-10"))
 	waitFor("the grant", fmt.Sprintf(q+`.textContent.startsWith('Granted')`, "credits-status"), 10*time.Second)
 	require.Equal(t, "Granted 10 credits (never expires): 10 granted in all, beside the quota's 2 of 100.", text("credits-status"))
@@ -435,7 +440,7 @@ func TestDemoPage(t *testing.T) {
 	do("charge 20", setValue("credits-cost", "20"), click("credits-charge"))
 	waitFor("the denial", fmt.Sprintf(q+`.textContent.startsWith('429')`, "credits-status"), 10*time.Second)
 	require.Equal(t, "429 Too Many Requests. Denied: a charge of 20 is more than the 0 left of the monthly quota and the 8 granted; "+
-		"nothing taken. The quota renews in 30 days; or grant credits.", text("credits-status"))
+		"nothing taken. The quota renews in T; or grant credits.", renews(text("credits-status")))
 	credits("0", "8", "8 credits, never expire")
 	do("start over", click("credits-reset"))
 	waitFor("a fresh start", fmt.Sprintf(q+`.textContent.startsWith('Started over')`, "credits-status"), 10*time.Second)
@@ -468,4 +473,22 @@ func TestDemoPage(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Empty(t, consoleErrors, "console errors")
+}
+
+// renews replaces the time in "The quota renews in ...;" by T: the monthly
+// quota renews on the 1st, however far away that is when the test runs.
+func renews(msg string) string {
+	return regexp.MustCompile(`renews in [^;]+;`).ReplaceAllString(msg, "renews in T;")
+}
+
+// firstOfNextMonth is when the demo's monthly quota renews.
+func firstOfNextMonth() time.Time {
+	now := time.Now().UTC()
+	return time.Date(now.Year(), now.Month()+1, 1, 0, 0, 0, 0, time.UTC)
+}
+
+// nextMonth is the whole seconds until then, rounded up, as headers say it.
+func nextMonth() int64 {
+	d := time.Until(firstOfNextMonth())
+	return int64((d + time.Second - 1) / time.Second)
 }

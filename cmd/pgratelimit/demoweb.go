@@ -519,14 +519,13 @@ func (a *demoApp) serveRollback(w http.ResponseWriter, r *http.Request) {
 }
 
 // creditsPolicy is the credits scenario's limiter: 100 credits a month, the
-// quota renewed whole (Refill == Capacity), and grants spent after it. A
-// month is 720h here: refills come every Interval on the key's grid, not on
-// the calendar.
-var creditsPolicy = pgratelimit.Config{Prefix: creditsPrefix, Capacity: 100, Refill: 100, Interval: 720 * time.Hour,
-	Storage: pgratelimit.Durable, Grants: true}
+// quota renewed whole (Refill == Capacity) on the 1st at midnight UTC, and
+// grants spent after it.
+var creditsPolicy = pgratelimit.Config{Prefix: creditsPrefix, Capacity: 100, Refill: 100,
+	Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Storage: pgratelimit.Durable, Grants: true}
 
 // creditsPeriod says when the credits quota renews, for the page.
-const creditsPeriod = "every 720h"
+const creditsPeriod = "on the 1st of each month (UTC)"
 
 type creditGrantJSON struct {
 	Amount    int64  `json:"amount"`
