@@ -46,6 +46,8 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	citus := f.Bool("citus", false, "distribute the scratch tables by key (Citus; also done when the citus extension is installed)")
 	grants := f.Int64("grants", 0, "grant every key N credits before the run (Config.Grants), for checks that spill from the bucket into grants")
 	denyCache := f.Int("deny-cache", 0, "Config.DenyCacheSize: deny keys denied before locally until their retry time (0: off)")
+	ledger := f.Bool("ledger", false, "Config.Ledger: a ledger row per allowed check")
+	requestIDs := f.Bool("request-ids", false, "give every check a request ID of its own (WithRequestID)")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
@@ -68,6 +70,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	cfg.CoalesceConns = *coalesceConns
 	cfg.Grants = *grants > 0
 	cfg.DenyCacheSize = *denyCache
+	cfg.Ledger = *ledger
 	if *grants < 0 || *denyCache < 0 {
 		return f.fail(usagef("--grants and --deny-cache must be at least 0"))
 	}
@@ -78,7 +81,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants, requestIDs: *requestIDs})
 	if err != nil {
 		return f.fail(err)
 	}
@@ -91,6 +94,12 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	}
 	if *denyCache > 0 {
 		rep.Contender += "-denycache"
+	}
+	if *ledger {
+		rep.Contender += "-ledger"
+	}
+	if *requestIDs {
+		rep.Contender += "-requestids"
 	}
 	out := c.stdout
 	if f.json {
@@ -120,6 +129,7 @@ type benchRun struct {
 	duration                  time.Duration
 	cost                      int64
 	grants                    int64 // granted to every key before the run
+	requestIDs                bool  // a request ID per check
 	citus, hold               bool
 	cpuProfile                string
 }
@@ -201,7 +211,11 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 		pool.Close()
 		return rep, err
 	}
+	var ids atomic.Int64
 	check := func(ctx context.Context, key string, cost int64) (bool, error) {
+		if run.requestIDs {
+			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ids.Add(1), 10))
+		}
 		r, err := l.AllowN(ctx, key, cost)
 		return r.Allowed, err
 	}
