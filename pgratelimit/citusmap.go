@@ -63,14 +63,27 @@ var shardMapProbes = []string{"", "a", "key-123", "ip:203.0.113.7", "user:héllo
 // (citus.shard_replication_factor > 1) the node of the lowest group is used.
 // The error wraps errNotHashDistributed when the table is not hash-distributed
 // by its key column.
-func loadShardMap(ctx context.Context, q interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, table string) (*shardMap, error) {
+func loadShardMap(ctx context.Context, q querierRows, table string) (*shardMap, error) {
 	name := pgx.Identifier{table}.Sanitize()
 	fail := func(err error) (*shardMap, error) {
 		return nil, fmt.Errorf("pgratelimit: loading the Citus shard map of %s: %w", table, err)
 	}
+	if err := checkHashDistributed(ctx, q, name); err != nil {
+		return fail(err)
+	}
+	m, err := loadShards(ctx, q, table, name)
+	if err != nil {
+		return fail(err)
+	}
+	if err := m.probe(ctx, q, name); err != nil {
+		return fail(err)
+	}
+	return m, nil
+}
 
+// checkHashDistributed says why the table name is not hash-distributed by
+// key, if it is not.
+func checkHashDistributed(ctx context.Context, q querierRows, name string) error {
 	// The table and how it is distributed (pg_dist_partition: 'h' is hash;
 	// 'n' reference, single-shard and Citus local tables; 'a' and 'r' the
 	// old append and range distribution).
@@ -86,17 +99,22 @@ func loadShardMap(ctx context.Context, q interface {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == pgerrcode.UndefinedTable:
-		return fail(fmt.Errorf("%w: no Citus metadata here (%s)", errNotHashDistributed, pgErr.Message))
+		return fmt.Errorf("%w: no Citus metadata here (%s)", errNotHashDistributed, pgErr.Message)
 	case err != nil:
-		return fail(err)
+		return err
 	case !exists:
-		return fail(fmt.Errorf("table %s not found: %w", name, ErrNotMigrated))
+		return fmt.Errorf("table %s not found: %w", name, ErrNotMigrated)
 	case method == "":
-		return fail(fmt.Errorf("%w: not a Citus distributed table (run migrations.Distribute on the coordinator)", errNotHashDistributed))
+		return fmt.Errorf("%w: not a Citus distributed table (run migrations.Distribute on the coordinator)", errNotHashDistributed)
 	case method != "h" || column != "key":
-		return fail(fmt.Errorf("%w: partition method %q, distribution column %q", errNotHashDistributed, method, column))
+		return fmt.Errorf("%w: partition method %q, distribution column %q", errNotHashDistributed, method, column)
 	}
+	return nil
+}
 
+// loadShards reads every shard of table (SQL name) with the node of its
+// first usable placement, if any.
+func loadShards(ctx context.Context, q querierRows, table, name string) (*shardMap, error) {
 	// Every shard, with the node of its first usable placement (if any), in
 	// one statement, so from one snapshot of the metadata. (A move keeps the
 	// placement row and changes its groupid; the old copy waits in
@@ -105,7 +123,7 @@ func loadShardMap(ctx context.Context, q interface {
 	var r shardRange
 	var host *string
 	var port *int32
-	rows, err = q.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
+	rows, err := q.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
   FROM pg_catalog.pg_dist_shard s
   LEFT JOIN LATERAL (
        SELECT n.nodename, n.nodeport
@@ -134,13 +152,16 @@ func loadShardMap(ctx context.Context, q interface {
 		err = errors.New("no shards")
 	}
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
+	return m, nil
+}
 
-	// Does Citus put keys where hashText says?
+// probe checks that Citus puts a few keys where hashText says.
+func (m *shardMap) probe(ctx context.Context, q querierRows, name string) error {
 	var key string
 	var want int64
-	rows, err = q.Query(ctx, `SELECT k, pg_catalog.get_shard_id_for_distribution_column(pg_catalog.to_regclass($1), k)
+	rows, err := q.Query(ctx, `SELECT k, pg_catalog.get_shard_id_for_distribution_column(pg_catalog.to_regclass($1), k)
   FROM unnest($2::text[]) k`, name, shardMapProbes)
 	if err == nil {
 		_, err = pgx.ForEachRow(rows, []any{&key, &want}, func() error {
@@ -150,10 +171,13 @@ func loadShardMap(ctx context.Context, q interface {
 			return nil
 		})
 	}
-	if err != nil {
-		return fail(err)
-	}
-	return m, nil
+	return err
+}
+
+// querierRows is what loading a shard map needs of a pool, a connection or a
+// transaction.
+type querierRows interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // shardOf returns the shard that holds key (0 if no shard's range covers its

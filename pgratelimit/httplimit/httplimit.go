@@ -163,28 +163,7 @@ func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Ha
 // set, picks the limiters per request instead (a plan looked up from the API
 // key, say). Every limiter must use the same pool.
 func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Handler) http.Handler {
-	if opts.KeyFunc == nil {
-		opts.KeyFunc = KeyByIP(IPKeyConfig{})
-	}
-	if opts.DeniedHandler == nil {
-		opts.DeniedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			http.Error(w, "429 too many requests: retry after "+w.Header().Get("Retry-After")+"s", http.StatusTooManyRequests)
-		})
-	}
-	if opts.ErrorHandler == nil {
-		opts.ErrorHandler = defaultErrorHandler
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	pick := opts.Limiters
-	if pick == nil {
-		pick = func(*http.Request, string) ([]*pgratelimit.Limiter, error) { return limiters, nil }
-	}
-	if opts.CheckTimeout == 0 {
-		opts.CheckTimeout = DefaultCheckTimeout
-	}
-
+	opts = opts.withDefaults(limiters)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ctx := r.Context()
@@ -203,7 +182,7 @@ func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Hand
 				refuse(err)
 				return
 			}
-			ls, err := pick(r, key)
+			ls, err := opts.Limiters(r, key)
 			if err != nil {
 				refuse(err)
 				return
@@ -217,43 +196,72 @@ func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Hand
 				charges[i] = pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}
 			}
 			res, err := check(ctx, opts.Shadow, opts.CheckTimeout, charges)
-			if err != nil {
-				if isInputError(err) {
-					refuse(err)
-					return
-				}
+			switch {
+			case err != nil && isInputError(err):
+				refuse(err)
+			case err != nil:
 				opts.Logger.ErrorContext(ctx, "httplimit: rate-limit check failed", "error", err, "fail_open", opts.FailOpen || opts.Shadow)
 				if opts.FailOpen || opts.Shadow {
 					next.ServeHTTP(w, r)
 				} else {
 					opts.ErrorHandler(w, r, err)
 				}
-				return
-			}
-			if opts.Shadow {
+			case opts.Shadow:
 				if !res.Allowed {
 					logShadowDenial(ctx, opts.Logger, key, ls, res)
 				}
 				next.ServeHTTP(w, r)
-				return
-			}
-			f := FieldsFor(ls, res)
-			h := w.Header()
-			h.Set("RateLimit-Policy", f.Policy)
-			h.Set("RateLimit", f.RateLimit)
-			if opts.LegacyHeaders {
-				top := res.Results[closest(res)]
-				h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
-				h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
-				h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(top.ResetAfter), 10))
-			}
-			if !res.Allowed {
-				h.Set("Retry-After", f.RetryAfter)
+			case !res.Allowed:
+				setHeaders(w.Header(), ls, res, opts.LegacyHeaders)
 				opts.DeniedHandler.ServeHTTP(w, r)
-				return
+			default:
+				setHeaders(w.Header(), ls, res, opts.LegacyHeaders)
+				next.ServeHTTP(w, r)
 			}
-			next.ServeHTTP(w, r)
 		})
+	}
+}
+
+// withDefaults fills in opts' defaults, with limiters as the limiters of
+// every request unless opts.Limiters picks them.
+func (opts Options) withDefaults(limiters []*pgratelimit.Limiter) Options {
+	if opts.KeyFunc == nil {
+		opts.KeyFunc = KeyByIP(IPKeyConfig{})
+	}
+	if opts.DeniedHandler == nil {
+		opts.DeniedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			http.Error(w, "429 too many requests: retry after "+w.Header().Get("Retry-After")+"s", http.StatusTooManyRequests)
+		})
+	}
+	if opts.ErrorHandler == nil {
+		opts.ErrorHandler = defaultErrorHandler
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Limiters == nil {
+		opts.Limiters = func(*http.Request, string) ([]*pgratelimit.Limiter, error) { return limiters, nil }
+	}
+	if opts.CheckTimeout == 0 {
+		opts.CheckTimeout = DefaultCheckTimeout
+	}
+	return opts
+}
+
+// setHeaders sets the rate-limit fields of the answer to a check of ls that
+// gave res, and Retry-After when it was denied.
+func setHeaders(h http.Header, ls []*pgratelimit.Limiter, res pgratelimit.MultiResult, legacy bool) {
+	f := FieldsFor(ls, res)
+	h.Set("RateLimit-Policy", f.Policy)
+	h.Set("RateLimit", f.RateLimit)
+	if legacy {
+		top := res.Results[closest(res)]
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(top.ResetAfter), 10))
+	}
+	if !res.Allowed {
+		h.Set("Retry-After", f.RetryAfter)
 	}
 }
 
