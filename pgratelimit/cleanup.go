@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -159,7 +158,7 @@ func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
 		{RequestsTable, expired, "ORDER BY expires_at"},
 	}
 	if ledgerRetention > 0 {
-		age := "interval '" + strconv.FormatInt(ledgerRetention.Microseconds(), 10) + " microseconds'"
+		age := "interval '" + interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
 		ts = append(ts, cleanupTable{LedgerTable, func(now string) string { return "at <= " + now + " - " + age }, "ORDER BY at"})
 	}
 	return ts
