@@ -238,13 +238,7 @@ func TestGrantsExactUnderConcurrency(t *testing.T) {
 // The same through PgBouncer in transaction mode.
 func TestGrantsThroughPgBouncer(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testdb.PgBouncer(t) + "&default_query_exec_mode=exec")
-	require.NoError(t, err)
-	cfg.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	grantsHammer(t, pool)
+	grantsHammer(t, pgbouncerPool(t))
 }
 
 func grantsHammer(t *testing.T, pool *pgxpool.Pool) {

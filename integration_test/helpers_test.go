@@ -200,3 +200,16 @@ func newSchemaPools(t *testing.T, n int) []*pgxpool.Pool {
 	}
 	return pools
 }
+
+// pgbouncerPool is a pool of 32 connections through a PgBouncer of the
+// test's own in transaction mode (exec query mode, as PgBouncer 1.18 needs).
+func pgbouncerPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.PgBouncer(t) + "&default_query_exec_mode=exec")
+	require.NoError(t, err)
+	cfg.MaxConns = 32
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}

@@ -99,13 +99,7 @@ func TestRequestIDConcurrent(t *testing.T) {
 // The same through PgBouncer in transaction mode.
 func TestRequestIDThroughPgBouncer(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testdb.PgBouncer(t) + "&default_query_exec_mode=exec")
-	require.NoError(t, err)
-	cfg.MaxConns = 32
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	requestIDsConcurrently(t, pool)
+	requestIDsConcurrently(t, pgbouncerPool(t))
 }
 
 func requestIDsConcurrently(t *testing.T, pool *pgxpool.Pool) {
