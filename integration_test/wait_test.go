@@ -40,7 +40,8 @@ func TestWaitReturnsAtOnceWhenTheDeadlineIsTooClose(t *testing.T) {
 func TestWaitMaxWait(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	l := newLimiter(t, pgratelimit.Config{Prefix: "wait", Capacity: 1, Refill: 1, Interval: time.Hour, MaxWait: time.Second})
+	clock := newClock() // on the hour: the refill is an hour away
+	l := newLimiter(t, pgratelimit.Config{Prefix: "wait", Capacity: 1, Refill: 1, Interval: time.Hour, MaxWait: time.Second, Clock: clock.Now})
 	_, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	_, err = l.Wait(ctx, "k")
@@ -50,7 +51,8 @@ func TestWaitMaxWait(t *testing.T) {
 
 func TestWaitCancelled(t *testing.T) {
 	t.Parallel()
-	l := newLimiter(t, pgratelimit.Config{Prefix: "wait", Capacity: 1, Refill: 1, Interval: 10 * time.Second})
+	clock := newClock() // standing still: the refill never comes while it waits
+	l := newLimiter(t, pgratelimit.Config{Prefix: "wait", Capacity: 1, Refill: 1, Interval: 10 * time.Second, Clock: clock.Now})
 	ctx, cancel := context.WithCancel(context.Background())
 	_, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
