@@ -45,6 +45,11 @@ type shardRange struct {
 	min, max int32 // inclusive
 	id       int64
 	node     string // "host:port"; "" when no placement is on a usable node
+	// name is the shard's own table on its node, as SQL takes it
+	// (shard_name); single says the shard has one placement only, so that
+	// statements on name there change the shard's only copy.
+	name   string
+	single bool
 }
 
 // shardMapProbes are keys whose shard loadShardMap asks Citus for, to check
@@ -123,7 +128,9 @@ func loadShards(ctx context.Context, q querierRows, table, name string) (*shardM
 	var r shardRange
 	var host *string
 	var port *int32
-	rows, err := q.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport
+	rows, err := q.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport,
+       pg_catalog.shard_name(s.logicalrelid, s.shardid),
+       (SELECT count(*) = 1 FROM pg_catalog.pg_dist_placement pl WHERE pl.shardid = s.shardid)
   FROM pg_catalog.pg_dist_shard s
   LEFT JOIN LATERAL (
        SELECT n.nodename, n.nodeport
@@ -136,7 +143,7 @@ func loadShards(ctx context.Context, q querierRows, table, name string) (*shardM
  WHERE s.logicalrelid = pg_catalog.to_regclass($1)
  ORDER BY 2`, name)
 	if err == nil {
-		_, err = pgx.ForEachRow(rows, []any{&r.id, &r.min, &r.max, &host, &port}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&r.id, &r.min, &r.max, &host, &port, &r.name, &r.single}, func() error {
 			r.node = ""
 			if host != nil && port != nil {
 				r.node = net.JoinHostPort(*host, strconv.Itoa(int(*port)))

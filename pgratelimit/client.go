@@ -23,14 +23,22 @@ type ClientConfig struct {
 	// queue and go in the next batches (see Config.DisableCoalescing).
 	// Fewer means bigger batches; more lets a database with cores to spare
 	// work on several batches at once. At most the pool's MaxConns. On
-	// Citus, where a batch holds one row, at least half of MaxConns.
-	// Defaults to 2, the best measured on a 2-core server (see README,
-	// Performance).
+	// Citus, checks routed to the nodes (see DisableRouting) share them
+	// out, at least one per node; through the coordinator, where a batch
+	// holds one row, at least half of MaxConns run at once. Defaults to 2,
+	// the best measured on a 2-core server (see README, Performance).
 	CoalesceConns int
 
 	// Dialect names the kind of database the bucket tables are in.
 	// Defaults to DetectDialect: NewClient asks the database.
 	Dialect Dialect
+
+	// DisableRouting keeps every check on the pool's own database. By
+	// default, on Citus, a check whose buckets' shards are all on one node
+	// goes straight to that node, through a pool the client makes for it
+	// with the pool's own settings (host and port replaced), so that the
+	// coordinator does no work for it; see the README's "Citus".
+	DisableRouting bool
 }
 
 // Client is what the limiters of one pool share: the coalescer that decides
@@ -49,9 +57,13 @@ type ClientConfig struct {
 //
 // A Client is safe for concurrent use.
 type Client struct {
-	pool *pgxpool.Pool
-	co   *coalescer
-	gate gate
+	pool  *pgxpool.Pool
+	co    *coalescer
+	gate  gate
+	slots int // batches in flight per pool (ClientConfig.CoalesceConns)
+
+	routing bool                   // route checks to Citus nodes (see router)
+	route   atomic.Pointer[router] // set once the dialect is Citus, if routing
 
 	dia       atomic.Pointer[dialect] // nil until known
 	detecting sync.Mutex              // one detection at a time
@@ -80,8 +92,9 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 		return nil, fmt.Errorf("%w: Dialect must be DetectDialect, Postgres or Citus, got %d", ErrInvalidConfig, int(cfg.Dialect))
 	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
+	c.routing = !cfg.DisableRouting
 	if cfg.Dialect != DetectDialect {
-		c.setDialect(dialectOf(cfg.Dialect))
+		c.setDialect(ctx, dialectOf(cfg.Dialect))
 		return c, nil
 	}
 	if _, err := c.Detect(ctx); err != nil {
@@ -92,7 +105,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 
 func newClient(pool *pgxpool.Pool, coalesceConns int) *Client {
 	slots := max(min(coalesceConns, int(pool.Config().MaxConns)), 1)
-	c := &Client{pool: pool, co: newCoalescer(pool, slots)}
+	c := &Client{pool: pool, co: newCoalescer(pool, slots), slots: slots, routing: true}
 	c.gate.drained = make(chan struct{})
 	return c
 }
@@ -136,15 +149,22 @@ func (c *Client) Detect(ctx context.Context) (Dialect, error) {
 	if err != nil {
 		return c.Dialect(), err
 	}
-	c.setDialect(d)
+	c.setDialect(ctx, d)
 	return d.kind(), nil
 }
 
-func (c *Client) setDialect(d dialect) {
+// setDialect makes c speak d from now on; on Citus it starts routing (its
+// first shard map read with ctx).
+func (c *Client) setDialect(ctx context.Context, d dialect) {
 	if d.oneRowBatches() {
 		// One row per batch: let as many run at once as the pool allows,
 		// as checks of their own would.
 		c.co.atLeast(int(c.pool.Config().MaxConns) / 2)
+	}
+	if d.kind() == Citus && c.routing && c.route.Load() == nil {
+		r := newRouter(c.pool, c.slots)
+		r.reload(ctx)
+		c.route.Store(r)
 	}
 	c.dia.Store(&d)
 }
@@ -165,7 +185,7 @@ func (c *Client) dialect(ctx context.Context) (dialect, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.setDialect(d)
+	c.setDialect(ctx, d)
 	return d, nil
 }
 
@@ -180,6 +200,9 @@ func (c *Client) Close(ctx context.Context) error {
 	go func() {
 		<-c.gate.drained
 		c.co.goroutines.Wait()
+		if r := c.route.Load(); r != nil {
+			r.close()
+		}
 		close(idle)
 	}()
 	select {
@@ -263,11 +286,27 @@ func (c *Client) run(q *request, first *Limiter, coalesce bool, op string) (Mult
 	if err != nil {
 		return MultiResult{}, err
 	}
-	set := first.settings(d)
-	if coalesce {
-		return c.co.do(q, set, first.metrics)
+	if r := c.route.Load(); r != nil {
+		if n, rt := r.nodeOf(q); n != nil {
+			out, err := runOn(n.pool, n.co, q, first.settings(onShards{rt}), first.metrics, coalesce, op)
+			if !unreachable(err) && !errors.Is(err, errShardMoved) {
+				return out, err
+			}
+			// The node is down or gone, or a shard moved: the coordinator
+			// knows where the shards are now.
+			q.err = nil
+			r.refresh()
+		}
 	}
-	return runAlone(c.pool, q, set, op)
+	return runOn(c.pool, c.co, q, first.settings(d), first.metrics, coalesce, op)
+}
+
+// runOn decides q on pool: through co when coalesce, else alone.
+func runOn(pool *pgxpool.Pool, co *coalescer, q *request, set settings, in *instruments, coalesce bool, op string) (MultiResult, error) {
+	if coalesce {
+		return co.do(q, set, in)
+	}
+	return runAlone(pool, q, set, op)
 }
 
 // addDenyCache registers the deny cache of a limiter of prefix.

@@ -37,8 +37,9 @@ func (d Dialect) String() string {
 // what a coalesced batch may hold, and how cleanup deletes.
 type dialect interface {
 	kind() Dialect
-	// shape is the statement shape of an own transaction over n rows.
-	shape(n int) shape
+	// shape is the statement shape of a transaction over n rows: of our
+	// own, or in the caller's (own false).
+	shape(n int, own bool) shape
 	// set returns the statements that set the pairs (name, value, ...)
 	// for the transaction.
 	set(pairs []string) []stmt
@@ -61,9 +62,11 @@ type postgres struct{}
 
 func (postgres) kind() Dialect { return Postgres }
 
-// shape: a few rows go one statement each, more as arrays.
-func (postgres) shape(n int) shape {
-	if n > perRowMax {
+// shape: a few rows go one statement each, more as arrays. In the caller's
+// transaction every statement takes one row: array statements would be
+// planned under the caller's settings, and that plan cached for ours.
+func (postgres) shape(n int, own bool) shape {
+	if own && n > perRowMax {
 		return arrays{}
 	}
 	return oneRow{}
@@ -90,52 +93,6 @@ func (postgres) deleter(ct cleanupTable) deleter {
 		tag, err := tx.Exec(ctx, del, now, batchSize)
 		n := tag.RowsAffected()
 		return n, n >= int64(batchSize), err
-	}
-}
-
-// citus is a Citus cluster with distributed bucket tables: every statement
-// must route to one shard, so it filters on one row's full primary key with
-// scalar parameters.
-type citus struct{}
-
-func (citus) kind() Dialect { return Citus }
-
-func (citus) shape(int) shape { return oneRow{} }
-
-// set: SET LOCAL commands, which Citus passes on to the workers (where the
-// row locks are) when told to; set_config is not propagated.
-func (citus) set(pairs []string) []stmt {
-	stmts := []stmt{{sql: "SET LOCAL citus.propagate_set_commands = 'local'"}}
-	for i := 0; i < len(pairs); i += 2 {
-		stmts = append(stmts, stmt{sql: "SET LOCAL " + pairs[i] + " = '" + pairs[i+1] + "'"}) // our own names and values
-	}
-	return stmts
-}
-
-// oneRowBatches: a transaction over several shards would need two-phase
-// commit.
-func (citus) oneRowBatches() bool { return true }
-
-// deleter: the same DELETE on every shard, run there by
-// run_command_on_shards, since Citus cannot lock rows by ctid across shards.
-// The time is the coordinator's.
-func (citus) deleter(ct cleanupTable) deleter {
-	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
-       coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
-       coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
-FROM run_command_on_shards($1::regclass, format(
-  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ` + ct.dead("%L") + ` ` + ct.order + ` LIMIT %s FOR UPDATE SKIP LOCKED))',
-  COALESCE($2::timestamptz, now()), $3::int))`
-	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
-		var n, most int64
-		var failed string
-		if err := tx.QueryRow(ctx, del, ct.name, now, batchSize).Scan(&n, &most, &failed); err != nil {
-			return 0, false, err
-		}
-		if failed != "" {
-			return n, false, fmt.Errorf("on some shards: %s", failed)
-		}
-		return n, most >= int64(batchSize), nil
 	}
 }
 

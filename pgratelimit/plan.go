@@ -111,13 +111,7 @@ func newPlan(reqs []*request, set settings, own bool, mode lockMode) *plan {
 	}
 	slices.SortFunc(p.rows, compareRows)
 	p.rows = slices.Compact(p.rows)
-	// In the caller's transaction every statement takes one row: array
-	// statements would be planned under the caller's settings, and that
-	// plan cached for ours. Our own take the dialect's shape.
-	p.shape = oneRow{}
-	if own {
-		p.shape = set.dialect.shape(len(p.rows))
-	}
+	p.shape = set.dialect.shape(len(p.rows), own)
 	return p
 }
 
@@ -190,6 +184,7 @@ func (a *attempt) open() []stmt {
 		if set := a.settingPairs(); len(set) > 0 {
 			stmts = append(stmts, a.set.dialect.set(set)...)
 		}
+		stmts = append(stmts, a.shape.guard(a)...)
 	}
 	for s, part := range byStorage(a.rows) {
 		if a.mode != skipLockedNoInsert {
@@ -200,7 +195,24 @@ func (a *attempt) open() []stmt {
 	if a.hasIDs {
 		stmts = append(stmts, a.readIDs()...)
 	}
-	return stmts
+	return append(stmts, a.shape.clock(a)...)
+}
+
+// readClock is the statement that reads the database's clock into a.now,
+// for shapes whose locking statements do not (citusRow).
+func (a *attempt) readClock() stmt {
+	return stmt{sql: `SELECT clock_timestamp()`, scan: func(rs rowScanner) error {
+		for rs.Next() {
+			var t time.Time
+			if err := rs.Scan(&t); err != nil {
+				return err
+			}
+			if t.After(a.now) {
+				a.now = t
+			}
+		}
+		return rs.Err()
+	}}
 }
 
 // withGrants says whether a's statements over rows of s read their grants.
@@ -237,7 +249,8 @@ func (a *attempt) scanInto(s Storage) func(rowScanner) error {
 				a.read[r] = append(a.read[r], g)
 			}
 			// Rows are locked in order, so the last clock read is after
-			// every lock is held.
+			// every lock is held (or by a statement of its own after them,
+			// see citusRow).
 			if clock.After(a.now) {
 				a.now = clock
 			}

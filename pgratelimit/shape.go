@@ -25,6 +25,12 @@ type shape interface {
 	// settings are the setting pairs the shape's statements need in an own
 	// transaction.
 	settings() []string
+	// clock reads the database's clock after the locks, if the locking
+	// statements do not.
+	clock(a *attempt) []stmt
+	// guard is what an own transaction runs before its first row: on a
+	// Citus node, the locks that keep its shards there (shardRows).
+	guard(a *attempt) []stmt
 }
 
 // oneRow sends a statement per row with scalar parameters: cheaper than
@@ -84,6 +90,9 @@ func (oneRow) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []s
 }
 
 func (oneRow) settings() []string { return nil }
+
+func (oneRow) clock(*attempt) []stmt { return nil }
+func (oneRow) guard(*attempt) []stmt { return nil }
 
 func perRow(rows []row, f func(r row) stmt) []stmt {
 	stmts := make([]stmt, len(rows))
@@ -153,6 +162,9 @@ func (arrays) settings() []string {
 	return []string{"plan_cache_mode", "force_generic_plan",
 		"enable_seqscan", "off", "enable_hashjoin", "off", "enable_mergejoin", "off"}
 }
+
+func (arrays) clock(*attempt) []stmt { return nil }
+func (arrays) guard(*attempt) []stmt { return nil }
 
 // lockSQL is the locking statement of ts for a's lock mode, reading grants
 // when a does for rows of s.

@@ -20,6 +20,11 @@ import (
 // them, or one of each).
 type statements struct {
 	one, many tableStatements
+	// citus are one's statements as Citus can plan them once and route
+	// them to one shard (see citusRow): the lock a plain SELECT of one
+	// table, and no clock in any of them (a volatile function stops Citus
+	// caching a plan).
+	citus tableStatements
 
 	// peek reads one row without locking it.
 	peek string
@@ -69,8 +74,21 @@ func expiryOf(horizon string) string {
 	return `date_bin('1 minute', COALESCE($4::timestamptz, now()) + ` + horizon + ` + interval '59.999999 seconds', timestamptz 'epoch')`
 }
 
-func newStatements(table string) statements {
-	t := pgx.Identifier{table}.Sanitize()
+// dbClock3 and dbClock4 are the clock a statement reads: the parameter ($3
+// or $4) when the limiter has a clock, else the database's, read then (after
+// the lock of the row it is read with).
+const (
+	dbClock3 = `COALESCE($3::timestamptz, clock_timestamp())`
+	dbClock4 = `COALESCE($4::timestamptz, clock_timestamp())`
+	// noClock3 and noClock4 are the parameter, else the epoch: the
+	// database's clock is read by a statement of its own (see citusRow).
+	noClock3 = `COALESCE($3::timestamptz, timestamptz 'epoch')`
+	noClock4 = `COALESCE($4::timestamptz, timestamptz 'epoch')`
+)
+
+// newStatements returns the statements of the bucket table t, a name as
+// SQL takes it (quoted, maybe schema-qualified).
+func newStatements(t string) statements {
 	g := pgx.Identifier{GrantsTable}.Sanitize()
 	rows := `unnest($1::text::text[], $2::text::text[])`
 	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
@@ -82,13 +100,19 @@ LEFT JOIN LATERAL (SELECT id, amount, expires_at FROM ` + g + `
                    WHERE prefix = ` + b + `.prefix AND key = ` + b + `.key AND amount > 0 FOR UPDATE) g ON true`
 	}
 	const grantCols = `, g.id, g.amount, g.expires_at`
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, COALESCE($3::timestamptz, clock_timestamp())%[2]s
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, ` + dbClock3 + `%[2]s
 FROM ` + rows + ` AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
-	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())%[2]s
+	lock1 := func(clock string) string {
+		return `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + clock + `%[2]s
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
+	}
+	// lockFlat is lock1 without grants as Citus's fast path takes it: one
+	// table, no subquery.
+	lockFlat := `SELECT prefix, key, tokens, refilled_at, expires_at, ` + noClock3 + ` FROM ` + t + `
+WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	variant := func(q, skip string, grants bool) string {
 		if grants {
 			alias := "b"
@@ -100,14 +124,14 @@ FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
 		return fmt.Sprintf(q, skip, "", "")
 	}
 	// relock upserts rows of values, returning them locked.
-	relock := func(values string) string {
+	relock := func(values, clock string) string {
 		return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, COALESCE($4::timestamptz, clock_timestamp())`
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + clock
 	}
-	relockGrants := func(values string) string {
-		return `WITH b AS (` + relock(values) + ` AS clock)
+	relockGrants := func(values, clock string) string {
+		return `WITH b AS (` + relock(values, clock) + ` AS clock)
 SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 	}
@@ -115,6 +139,10 @@ FROM b` + grantsOf("b")
 FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
 	valuesOne := `VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)`
+	insert1 := `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+` + valuesOne + `
+ON CONFLICT (prefix, key) DO NOTHING`
+	update1 := `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`
 	return statements{
 		many: tableStatements{
 			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
@@ -124,24 +152,32 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 			lockSkip:       variant(lock, " SKIP LOCKED", false),
 			lockGrants:     variant(lock, "", true),
 			lockSkipGrants: variant(lock, " SKIP LOCKED", true),
-			relock:         relock(valuesMany),
-			relockGrants:   relockGrants(valuesMany),
+			relock:         relock(valuesMany, dbClock4),
+			relockGrants:   relockGrants(valuesMany, dbClock4),
 			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
      AS r(prefix, key, tokens, refilled_at, expires_at)
 WHERE t.prefix = r.prefix AND t.key = r.key`,
 		},
 		one: tableStatements{
-			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-` + valuesOne + `
-ON CONFLICT (prefix, key) DO NOTHING`,
-			lock:           variant(lock1, "", false),
-			lockSkip:       variant(lock1, " SKIP LOCKED", false),
-			lockGrants:     variant(lock1, "", true),
-			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
-			relock:         relock(valuesOne),
-			relockGrants:   relockGrants(valuesOne),
-			update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
+			insert:         insert1,
+			lock:           variant(lock1(dbClock3), "", false),
+			lockSkip:       variant(lock1(dbClock3), " SKIP LOCKED", false),
+			lockGrants:     variant(lock1(dbClock3), "", true),
+			lockSkipGrants: variant(lock1(dbClock3), " SKIP LOCKED", true),
+			relock:         relock(valuesOne, dbClock4),
+			relockGrants:   relockGrants(valuesOne, dbClock4),
+			update:         update1,
+		},
+		citus: tableStatements{
+			insert:         insert1,
+			lock:           variant(lockFlat, "", false),
+			lockSkip:       variant(lockFlat, " SKIP LOCKED", false),
+			lockGrants:     variant(lock1(noClock3), "", true),
+			lockSkipGrants: variant(lock1(noClock3), " SKIP LOCKED", true),
+			relock:         relock(valuesOne, noClock4),
+			relockGrants:   relockGrants(valuesOne, noClock4),
+			update:         update1,
 		},
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,

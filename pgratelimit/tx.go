@@ -83,7 +83,11 @@ func (l *Limiter) runIn(ctx context.Context, ex executor, q *request, what strin
 		return ErrClosed
 	}
 	defer l.client.gate.leave()
-	if err := runIn(ctx, ex, newPlan([]*request{q}, l.settings(nil), false, waitLocks)); err != nil {
+	var d dialect = postgres{} // one row per statement, as Citus takes them too
+	if known := l.client.dia.Load(); known != nil {
+		d = *known
+	}
+	if err := runIn(ctx, ex, newPlan([]*request{q}, l.settings(d), false, waitLocks)); err != nil {
 		return dbError(what, err)
 	}
 	if q.err != nil {
