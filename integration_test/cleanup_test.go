@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -302,7 +303,9 @@ func TestCleanerReportsDuration(t *testing.T) {
 	took := time.Since(before)
 	require.NoError(t, st.Err)
 	require.Equal(t, int64(2000), st.Deleted)
-	require.GreaterOrEqual(t, st.Batches, 20)
+	if os.Getenv(testdb.DistributeEnvVar) == "" { // on Citus a batch is BatchSize rows per shard
+		require.GreaterOrEqual(t, st.Batches, 20)
+	}
 	require.Positive(t, st.Duration)
 	require.LessOrEqual(t, st.Duration, took)
 }

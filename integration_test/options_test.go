@@ -84,7 +84,6 @@ func (r *sqlRecorder) count(substr string) int {
 // transactions, and only there.
 func TestAsyncCommit(t *testing.T) {
 	t.Parallel()
-	skipOnDistributed(t, "on Citus 13.2.2 the caller's COMMIT at its end hangs in this test (not reproduced outside it; open)")
 	ctx := context.Background()
 	s := testdb.NewSchema(t)
 	rec := &sqlRecorder{}

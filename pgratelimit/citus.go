@@ -3,6 +3,8 @@ package pgratelimit
 import (
 	"context"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -32,14 +34,15 @@ func (citus) set(pairs []string) []stmt {
 func (citus) oneRowBatches() bool { return true }
 
 // deleter: the same DELETE on every shard, run there by
-// run_command_on_shards, since Citus cannot lock rows by ctid across shards.
-// The time is the coordinator's.
+// run_command_on_shards, since Citus cannot lock rows by ctid across shards
+// (its condition's quotes doubled inside format's literal). The time is the
+// coordinator's.
 func (citus) deleter(ct cleanupTable) deleter {
 	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
        coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
        coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
 FROM run_command_on_shards($1::regclass, format(
-  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ` + ct.dead("%L") + ` ` + ct.order + ` LIMIT %s FOR UPDATE SKIP LOCKED))',
+  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ` + strings.ReplaceAll(ct.dead("%L::timestamptz"), "'", "''") + ` ` + ct.order + ` LIMIT %s FOR UPDATE SKIP LOCKED))',
   COALESCE($2::timestamptz, now()), $3::int))`
 	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
 		var n, most int64
@@ -61,19 +64,64 @@ FROM run_command_on_shards($1::regclass, format(
 // volatile function afresh).
 type citusRow struct{ oneRow }
 
+// lock: each row's lock, then its grants' when a spends them, for the rows
+// it holds.
 func (citusRow) lock(s Storage, rows []row, a *attempt) []stmt {
-	sql, scan := a.lockSQL(&s.statements().citus, s), a.scanInto(s)
-	return perRow(rows, func(r row) stmt {
-		return stmt{sql: sql, args: []any{r.prefix, r.key, a.clock}, scan: scan}
-	})
+	ts := &s.statements().citus
+	sql := ts.lock
+	if a.mode != waitLocks {
+		sql = ts.lockSkip
+	}
+	scan := a.scanRows(s, false)
+	var stmts []stmt
+	for _, r := range rows {
+		stmts = append(stmts, stmt{sql: sql, args: []any{r.prefix, r.key, a.clock}, scan: scan})
+		stmts = append(stmts, citusGrants(s, r, a)...)
+	}
+	return stmts
 }
 
 // relock, then the clock again: these rows were locked after it was read.
 func (c citusRow) relock(s Storage, rows []row, a *attempt) []stmt {
-	sql, scan := a.relockSQL(&s.statements().citus, s), a.scanInto(s)
-	return append(perRow(rows, func(r row) stmt {
-		return stmt{sql: sql, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan}
-	}), c.clock(a)...)
+	scan := a.scanRows(s, false)
+	var stmts []stmt
+	for _, r := range rows {
+		stmts = append(stmts, stmt{sql: s.statements().citus.relock, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan})
+		stmts = append(stmts, citusGrants(s, r, a)...)
+	}
+	return append(stmts, c.clock(a)...)
+}
+
+// citusGrants reads r's grants, locked, if a spends grants of s: skipping
+// locked ones when a skips locked rows (only a transaction that holds r's
+// bucket locks its grants, and then r's bucket is not a's).
+func citusGrants(s Storage, r row, a *attempt) []stmt {
+	if !a.withGrants(s) {
+		return nil
+	}
+	sql := grantSQL.lockOne
+	if a.mode != waitLocks {
+		sql = grantSQL.lockOneSkip
+	}
+	return []stmt{{sql: sql, args: []any{r.prefix, r.key}, scan: func(rs rowScanner) error {
+		var g grant
+		var exp *time.Time
+		r := row{storage: s}
+		for rs.Next() {
+			if err := rs.Scan(&r.prefix, &r.key, &g.id, &g.amount, &exp); err != nil {
+				return err
+			}
+			if _, held := a.stored[r]; !held {
+				continue
+			}
+			g.expiresAt = time.Time{}
+			if exp != nil {
+				g.expiresAt = *exp
+			}
+			a.read[r] = append(a.read[r], g)
+		}
+		return rs.Err()
+	}}}
 }
 
 func (citusRow) clock(a *attempt) []stmt {

@@ -45,6 +45,7 @@ type shardRange struct {
 	min, max int32 // inclusive
 	id       int64
 	node     string // "host:port"; "" when no placement is on a usable node
+	group    int32  // node's group (pg_dist_node.groupid)
 	// name is the shard's own table on its node, as SQL takes it
 	// (shard_name); single says the shard has one placement only, so that
 	// statements on name there change the shard's only copy.
@@ -128,12 +129,12 @@ func loadShards(ctx context.Context, q querierRows, table, name string) (*shardM
 	var r shardRange
 	var host *string
 	var port *int32
-	rows, err := q.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport,
+	rows, err := q.Query(ctx, `SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4, n.nodename, n.nodeport, coalesce(n.groupid, -1),
        pg_catalog.shard_name(s.logicalrelid, s.shardid),
        (SELECT count(*) = 1 FROM pg_catalog.pg_dist_placement pl WHERE pl.shardid = s.shardid)
   FROM pg_catalog.pg_dist_shard s
   LEFT JOIN LATERAL (
-       SELECT n.nodename, n.nodeport
+       SELECT n.nodename, n.nodeport, n.groupid
          FROM pg_catalog.pg_dist_placement pl
          JOIN pg_catalog.pg_dist_node n ON n.groupid = pl.groupid
         WHERE pl.shardid = s.shardid AND pl.shardstate = 1
@@ -143,7 +144,7 @@ func loadShards(ctx context.Context, q querierRows, table, name string) (*shardM
  WHERE s.logicalrelid = pg_catalog.to_regclass($1)
  ORDER BY 2`, name)
 	if err == nil {
-		_, err = pgx.ForEachRow(rows, []any{&r.id, &r.min, &r.max, &host, &port, &r.name, &r.single}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&r.id, &r.min, &r.max, &host, &port, &r.group, &r.name, &r.single}, func() error {
 			r.node = ""
 			if host != nil && port != nil {
 				r.node = net.JoinHostPort(*host, strconv.Itoa(int(*port)))
@@ -187,16 +188,22 @@ type querierRows interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
+// shardAt returns the shard whose range covers key's hash (the zero
+// shardRange if none does).
+func (m *shardMap) shardAt(key string) shardRange {
+	h := hashText(key)
+	i := sort.Search(len(m.shards), func(i int) bool { return m.shards[i].max >= h })
+	if i == len(m.shards) || m.shards[i].min > h {
+		return shardRange{}
+	}
+	return m.shards[i]
+}
+
 // shardOf returns the shard that holds key (0 if no shard's range covers its
 // hash) and the "host:port" of a node with synced metadata that holds a
 // placement of it; ok is false when there is no such node.
 func (m *shardMap) shardOf(key string) (shardID int64, node string, ok bool) {
-	h := hashText(key)
-	i := sort.Search(len(m.shards), func(i int) bool { return m.shards[i].max >= h })
-	if i == len(m.shards) || m.shards[i].min > h {
-		return 0, "", false
-	}
-	s := m.shards[i]
+	s := m.shardAt(key)
 	return s.id, s.node, s.node != ""
 }
 

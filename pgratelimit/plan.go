@@ -221,6 +221,11 @@ func (a *attempt) withGrants(s Storage) bool { return a.spendsGrants && s == Dur
 // scanInto reads locked rows of storage s, with the clock, and with their
 // grants when withGrants (a row per grant, or one with NULL grant columns).
 func (a *attempt) scanInto(s Storage) func(rowScanner) error {
+	return a.scanRows(s, a.withGrants(s))
+}
+
+// scanRows is scanInto, with grant columns when grants.
+func (a *attempt) scanRows(s Storage, grants bool) func(rowScanner) error {
 	return func(rs rowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
 		// them to the heap.
@@ -232,7 +237,7 @@ func (a *attempt) scanInto(s Storage) func(rowScanner) error {
 			exp        *time.Time
 		)
 		dest := []any{&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock}
-		if a.withGrants(s) {
+		if grants {
 			dest = append(dest, &id, &amount, &exp)
 		}
 		for rs.Next() {

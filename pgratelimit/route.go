@@ -349,18 +349,18 @@ func (shardRows) clock(*attempt) []stmt { return nil }
 // then checks that this node still holds their only placements.
 func (d shardRows) guard(a *attempt) []stmt {
 	var ids []int64
+	var group int32 // of the node the map says holds them all
 	for _, r := range a.rows {
-		id, _, _ := d.rt.tables[r.storage].shardOf(r.key)
-		ids = append(ids, id)
+		sh := d.rt.tables[r.storage].shardAt(r.key)
+		ids, group = append(ids, sh.id), sh.group
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	arr := int64Array(len(ids), func(i int) int64 { return ids[i] })
 	return []stmt{
 		{sql: `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`, args: []any{arr}},
-		{sql: `SELECT count(*) FROM pg_catalog.pg_dist_placement
-WHERE shardid = ANY($1::text::bigint[]) AND groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group)`,
-			args: []any{arr}, scan: func(rs rowScanner) error {
+		{sql: `SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = ANY($1::text::bigint[]) AND groupid = $2`,
+			args: []any{arr, group}, scan: func(rs rowScanner) error {
 				var n int
 				for rs.Next() {
 					if err := rs.Scan(&n); err != nil {

@@ -104,11 +104,9 @@ LEFT JOIN LATERAL (SELECT id, amount, expires_at FROM ` + g + `
 FROM ` + rows + ` AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
-	lock1 := func(clock string) string {
-		return `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + clock + `%[2]s
+	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + dbClock3 + `%[2]s
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
-	}
 	// lockFlat is lock1 without grants as Citus's fast path takes it: one
 	// table, no subquery.
 	lockFlat := `SELECT prefix, key, tokens, refilled_at, expires_at, ` + noClock3 + ` FROM ` + t + `
@@ -130,8 +128,8 @@ WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
 RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + clock
 	}
-	relockGrants := func(values, clock string) string {
-		return `WITH b AS (` + relock(values, clock) + ` AS clock)
+	relockGrants := func(values string) string {
+		return `WITH b AS (` + relock(values, dbClock4) + ` AS clock)
 SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 	}
@@ -153,7 +151,7 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 			lockGrants:     variant(lock, "", true),
 			lockSkipGrants: variant(lock, " SKIP LOCKED", true),
 			relock:         relock(valuesMany, dbClock4),
-			relockGrants:   relockGrants(valuesMany, dbClock4),
+			relockGrants:   relockGrants(valuesMany),
 			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
      AS r(prefix, key, tokens, refilled_at, expires_at)
@@ -161,23 +159,22 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 		},
 		one: tableStatements{
 			insert:         insert1,
-			lock:           variant(lock1(dbClock3), "", false),
-			lockSkip:       variant(lock1(dbClock3), " SKIP LOCKED", false),
-			lockGrants:     variant(lock1(dbClock3), "", true),
-			lockSkipGrants: variant(lock1(dbClock3), " SKIP LOCKED", true),
+			lock:           variant(lock1, "", false),
+			lockSkip:       variant(lock1, " SKIP LOCKED", false),
+			lockGrants:     variant(lock1, "", true),
+			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
 			relock:         relock(valuesOne, dbClock4),
-			relockGrants:   relockGrants(valuesOne, dbClock4),
+			relockGrants:   relockGrants(valuesOne),
 			update:         update1,
 		},
+		// Citus cannot plan the lateral join of grants: citusRow reads
+		// them in statements of their own (grantSQL.lockOne).
 		citus: tableStatements{
-			insert:         insert1,
-			lock:           variant(lockFlat, "", false),
-			lockSkip:       variant(lockFlat, " SKIP LOCKED", false),
-			lockGrants:     variant(lock1(noClock3), "", true),
-			lockSkipGrants: variant(lock1(noClock3), " SKIP LOCKED", true),
-			relock:         relock(valuesOne, noClock4),
-			relockGrants:   relockGrants(valuesOne, noClock4),
-			update:         update1,
+			insert:   insert1,
+			lock:     variant(lockFlat, "", false),
+			lockSkip: variant(lockFlat, " SKIP LOCKED", false),
+			relock:   relock(valuesOne, noClock4),
+			update:   update1,
 		},
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
@@ -265,6 +262,9 @@ const GrantsTable = "pgratelimit_grants"
 type grantStatements struct {
 	// spendOne and spendMany set the amounts of grants a check spent from.
 	spendOne, spendMany string
+	// lockOne and lockOneSkip read a key's grants, locked (lockGrants as a
+	// statement of its own, for Citus).
+	lockOne, lockOneSkip string
 	// add inserts a grant; list reads a key's live grants; sum adds up
 	// their amounts (saturating at int64).
 	add, list, sum string
@@ -272,8 +272,11 @@ type grantStatements struct {
 
 var grantSQL = func() grantStatements {
 	t := pgx.Identifier{GrantsTable}.Sanitize()
+	lock := `SELECT prefix, key, id, amount, expires_at FROM ` + t + ` WHERE prefix = $1 AND key = $2 AND amount > 0 FOR UPDATE`
 	return grantStatements{
-		spendOne: `UPDATE ` + t + ` SET amount = $4 WHERE prefix = $1 AND key = $2 AND id = $3`,
+		lockOne:     lock,
+		lockOneSkip: lock + ` SKIP LOCKED`,
+		spendOne:    `UPDATE ` + t + ` SET amount = $4 WHERE prefix = $1 AND key = $2 AND id = $3`,
 		spendMany: `UPDATE ` + t + ` AS g SET amount = r.amount
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[]) AS r(prefix, key, id, amount)
 WHERE g.prefix = r.prefix AND g.key = r.key AND g.id = r.id`,
