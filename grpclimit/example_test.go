@@ -95,3 +95,20 @@ func ExampleMiddlewareLimiter() {
 	)
 	_ = srv // register services and serve
 }
+
+// README, gRPC: the interceptors with their defaults.
+func Example_readme() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	limiter, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "grpc", Capacity: 20, Refill: 10, Interval: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(
+		grpc.UnaryInterceptor(grpclimit.UnaryServerInterceptor(limiter)),
+		grpc.StreamInterceptor(grpclimit.StreamServerInterceptor(limiter)),
+	)
+	_ = srv
+}
