@@ -48,6 +48,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	denyCache := f.Int("deny-cache", 0, "Config.DenyCacheSize: deny keys denied before locally until their retry time (0: off)")
 	ledger := f.Bool("ledger", false, "Config.Ledger: a ledger row per allowed check")
 	requestIDs := f.Bool("request-ids", false, "give every check a request ID of its own (WithRequestID)")
+	prefill := f.Int("prefill", 0, "fill the table with N live rows of the run's prefix before the run (full buckets, as checks left them: the run's --keys are the first of them); at least --keys")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
@@ -74,6 +75,9 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if *grants < 0 || *denyCache < 0 {
 		return f.fail(usagef("--grants and --deny-cache must be at least 0"))
 	}
+	if *prefill != 0 && *prefill < *keys {
+		return f.fail(usagef("--prefill must be 0 or at least --keys (%d), got %d", *keys, *prefill))
+	}
 	if *conns == 0 {
 		*conns = min(*conc, 200)
 	}
@@ -81,7 +85,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants, requestIDs: *requestIDs})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants, requestIDs: *requestIDs, prefill: *prefill})
 	if err != nil {
 		return f.fail(err)
 	}
@@ -115,6 +119,9 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	fmt.Fprintf(out, "  CPU per check: client %.1f µs, server %s µs\n", rep.ClientUsPerCheck, server)
 	fmt.Fprintf(out, "  audit: %s\n", rep.Audit)
 	fmt.Fprintf(out, "  HOT updates: %.1f%% of %d\n", 100*rep.HotRatio, rep.Updates)
+	if rep.PrefillRows > 0 {
+		fmt.Fprintf(out, "  prefilled %d rows: table %d MB, indexes %d MB\n", rep.PrefillRows, rep.TableBytes>>20, rep.IndexBytes>>20)
+	}
 	if f.json {
 		f.printJSON(rep)
 	}
@@ -130,6 +137,7 @@ type benchRun struct {
 	cost                      int64
 	grants                    int64 // granted to every key before the run
 	requestIDs                bool  // a request ID per check
+	prefill                   int   // live rows in the table before the run
 	citus, hold               bool
 	cpuProfile                string
 }
@@ -151,6 +159,11 @@ type benchReport struct {
 	Updates      int64   `json:"updates"`
 	Limits       int     `json:"limits"`
 	Distributed  bool    `json:"distributed"`
+	// With --prefill: the rows put in the table before the run, and the
+	// table's and its indexes' size after.
+	PrefillRows int64 `json:"prefill_rows,omitempty"`
+	TableBytes  int64 `json:"table_bytes,omitempty"`
+	IndexBytes  int64 `json:"index_bytes,omitempty"`
 	// CPU time per check: this process's, and the database server's
 	// processes' when the server runs on this machine (0 otherwise).
 	ClientUsPerCheck float64 `json:"client_us_per_check"`
@@ -202,6 +215,12 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 		return rep, err
 	}
 	cancel() // set up
+	if run.prefill > 0 {
+		// Not bounded by --timeout: ten million rows take minutes.
+		if err := prefillRows(ctx, c, admin, schema, cfg, run.prefill); err != nil {
+			return rep, err
+		}
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return rep, err
@@ -354,7 +373,7 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 		ChecksPerSec: math.Round(float64(len(all)) / elapsed.Seconds()),
 		P50ms:        pct(0.50), P99ms: pct(0.99), MaxMs: pct(1),
 		Allowed: allowed.Load(), Denied: denied.Load(), Errors: errs.Load(), Audit: "ok",
-		Limits: run.limits, Distributed: distributed,
+		Limits: run.limits, Distributed: distributed, PrefillRows: int64(run.prefill),
 	}
 	if n := float64(len(all)); n > 0 {
 		rep.ClientUsPerCheck = math.Round(10*float64(clientUsed.Microseconds())/n) / 10
@@ -388,5 +407,52 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 		schema, table).Scan(&upd, &hot); err == nil && upd > 0 {
 		rep.Updates, rep.HotRatio = upd, math.Round(1000*float64(hot)/float64(upd))/1000
 	}
+	if run.prefill > 0 {
+		sizes := `SELECT pg_table_size($1::regclass), pg_indexes_size($1::regclass)`
+		if distributed {
+			sizes = `SELECT citus_table_size($1::regclass), citus_total_relation_size($1::regclass) - citus_table_size($1::regclass)`
+		}
+		name := pgx.Identifier{schema, table}.Sanitize()
+		if err := admin.QueryRow(ctx, sizes, name).Scan(&rep.TableBytes, &rep.IndexBytes); err != nil {
+			return rep, fmt.Errorf("reading the table's size: %w", err)
+		}
+	}
 	return rep, nil
+}
+
+// prefillRows fills the scratch schema's bucket table with n rows of cfg's
+// prefix, keys key-0 to key-(n-1), each a full bucket as a check long ago
+// left it (refilled on the grid, full again since: expires_at passed, which
+// no run's cleanup sees, since the bench runs none), in transactions of a
+// million rows; then VACUUM ANALYZE and, if the role may, CHECKPOINT.
+func prefillRows(ctx context.Context, c *cli, admin *pgx.Conn, schema string, cfg pgratelimit.Config, n int) error {
+	table := pgratelimit.DurableTable
+	if cfg.Storage == pgratelimit.Ephemeral {
+		table = pgratelimit.EphemeralTable
+	}
+	name := pgx.Identifier{schema, table}.Sanitize()
+	ins := `INSERT INTO ` + name + ` (prefix, key, tokens, refilled_at, expires_at)
+SELECT $1, 'key-' || i, $2, date_bin($3::interval, now() - interval '1 hour', timestamptz 'epoch'), date_bin('1 minute', now() - interval '1 minute', timestamptz 'epoch')
+FROM generate_series($4::bigint, $5::bigint) AS i`
+	start := time.Now()
+	const chunk = 1_000_000
+	for from := 0; from < n; from += chunk {
+		to := min(from+chunk, n) - 1
+		if _, err := admin.Exec(ctx, ins, cfg.Prefix, cfg.Capacity, interval(cfg.Interval), from, to); err != nil {
+			return fmt.Errorf("prefilling %s: %w", name, err)
+		}
+		fmt.Fprintf(c.stderr, "\r\033[Kprefill: %d of %d rows, %s", to+1, n, time.Since(start).Round(time.Second))
+	}
+	fmt.Fprint(c.stderr, "\r\033[K")
+	if _, err := admin.Exec(ctx, `VACUUM (ANALYZE) `+name); err != nil { // on Citus, on every shard
+		return fmt.Errorf("vacuuming %s: %w", name, err)
+	}
+	_, _ = admin.Exec(ctx, `CHECKPOINT`) // needs superuser or pg_checkpoint: else skipped
+	return nil
+}
+
+// interval is d as PostgreSQL interval input, in seconds and microseconds
+// (PostgreSQL 14 reads each field as 32 bits).
+func interval(d time.Duration) string {
+	return fmt.Sprintf("%d seconds %d microseconds", d/time.Second, (d % time.Second).Microseconds())
 }
