@@ -72,7 +72,7 @@ func (citusRow) lock(s Storage, rows []row, a *attempt) []stmt {
 	if a.mode != waitLocks {
 		sql = ts.lockSkip
 	}
-	scan := a.scanRows(s, false)
+	scan := a.scanRows(s, false, false)
 	var stmts []stmt
 	for _, r := range rows {
 		stmts = append(stmts, stmt{sql: sql, args: []any{r.prefix, r.key, a.clock}, scan: scan})
@@ -83,7 +83,7 @@ func (citusRow) lock(s Storage, rows []row, a *attempt) []stmt {
 
 // relock, then the clock again: these rows were locked after it was read.
 func (c citusRow) relock(s Storage, rows []row, a *attempt) []stmt {
-	scan := a.scanRows(s, false)
+	scan := a.scanRows(s, false, false)
 	var stmts []stmt
 	for _, r := range rows {
 		stmts = append(stmts, stmt{sql: s.statements().citus.relock, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan})

@@ -289,7 +289,7 @@ func (c *Client) run(q *request, first *Limiter, coalesce bool, op string) (Mult
 	if r := c.route.Load(); r != nil {
 		if n, rt := r.nodeOf(q); n != nil {
 			out, err := runOn(n.pool, n.co, q, first.settings(onShards{rt}), first.metrics, coalesce, op)
-			if !unreachable(err) && !errors.Is(err, errShardMoved) {
+			if !unreachable(err) && !moved(err) {
 				return out, err
 			}
 			// The node is down or gone, or a shard moved: the coordinator

@@ -41,8 +41,8 @@ const (
 )
 
 var storageStatements = [...]statements{
-	Durable:   newStatements(pgx.Identifier{DurableTable}.Sanitize()),
-	Ephemeral: newStatements(pgx.Identifier{EphemeralTable}.Sanitize()),
+	Durable:   newStatements(pgx.Identifier{DurableTable}.Sanitize(), ""),
+	Ephemeral: newStatements(pgx.Identifier{EphemeralTable}.Sanitize(), ""),
 }
 
 func (s Storage) statements() *statements { return &storageStatements[s] }

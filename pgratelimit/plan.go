@@ -221,11 +221,13 @@ func (a *attempt) withGrants(s Storage) bool { return a.spendsGrants && s == Dur
 // scanInto reads locked rows of storage s, with the clock, and with their
 // grants when withGrants (a row per grant, or one with NULL grant columns).
 func (a *attempt) scanInto(s Storage) func(rowScanner) error {
-	return a.scanRows(s, a.withGrants(s))
+	return a.scanRows(s, a.withGrants(s), false)
 }
 
-// scanRows is scanInto, with grant columns when grants.
-func (a *attempt) scanRows(s Storage, grants bool) func(rowScanner) error {
+// scanRows is scanInto, with grant columns when grants, and with a Citus
+// shard's placement check (shardRows) when placed: a row whose shard this
+// node no longer holds fails the transaction with errShardMoved.
+func (a *attempt) scanRows(s Storage, grants, placed bool) func(rowScanner) error {
 	return func(rs rowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
 		// them to the heap.
@@ -236,7 +238,11 @@ func (a *attempt) scanRows(s Storage, grants bool) func(rowScanner) error {
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
 		)
+		var here int64 // placements of the row's shard on this node
 		dest := []any{&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock}
+		if placed {
+			dest = append(dest, &here)
+		}
 		if grants {
 			dest = append(dest, &id, &amount, &exp)
 		}
@@ -244,6 +250,9 @@ func (a *attempt) scanRows(s Storage, grants bool) func(rowScanner) error {
 			r, b, id, amount, exp = row{storage: s}, bucket{}, nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
+			}
+			if placed && here != 1 {
+				return errShardMoved
 			}
 			a.stored[r] = b
 			if id != nil {

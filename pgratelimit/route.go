@@ -3,6 +3,7 @@ package pgratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -36,12 +38,12 @@ import (
 // Writing to a shard's table directly is what Citus's own executor does on
 // that node, less the lock that keeps the shard where it is: so a routed
 // transaction first takes that lock (lock_shard_metadata, the ShareLock that
-// a shard move's ExclusiveLock waits for) and then checks, in a statement of
-// its own, that the node still holds the shards' only placements. A shard
-// that moved since the map was read fails that check: the transaction rolls
-// back having changed nothing, and its checks go through the coordinator
-// (a hop, never a wrong answer) while the map is read again. The map is
-// also read again every routeRefresh.
+// a shard move's ExclusiveLock waits for), and each row it locks comes with
+// a check, read after that lock, that the node still holds the row's shard.
+// A shard that moved since the map was read fails that check (or its table
+// is gone): the transaction rolls back having decided nothing, and its
+// checks go through the coordinator (a hop, never a wrong answer) while the
+// map is read again. The map is also read again every routeRefresh.
 //
 // Only checks that touch bucket rows alone are routed: grants, the ledger
 // and request IDs live in tables of their own, reached through the
@@ -65,7 +67,7 @@ type router struct {
 
 	mu     sync.Mutex
 	nodes  map[string]*node       // by "host:port"
-	stmts  map[string]*statements // by shard table
+	stmts  map[string]*statements // by shard table and placement check
 	closed bool
 }
 
@@ -208,11 +210,14 @@ WHERE groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group) AND noderol
 				return err
 			}
 			rt.nodes[sh.node] = n
-			st := r.stmts[sh.name]
+			// Each lock and relock also says whether this node still holds
+			// the shard, read after the guard's lock (see shardRows).
+			placed := fmt.Sprintf(`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = %d AND groupid = %d)`, sh.id, sh.group)
+			st := r.stmts[sh.name+placed]
 			if st == nil {
-				ns := newStatements(sh.name)
+				ns := newStatements(sh.name, placed)
 				st = &ns
-				r.stmts[sh.name] = st
+				r.stmts[sh.name+placed] = st
 			}
 			rt.stmts[sh.id] = st
 		}
@@ -268,6 +273,13 @@ func unreachable(err error) bool {
 	return errors.As(err, &ce)
 }
 
+// moved says whether err failed a routed transaction because a shard left
+// the node: the placement check, or the shard's table dropped after a move
+// (nothing was decided either way).
+func moved(err error) bool {
+	return errors.Is(err, errShardMoved) || sqlState(err) == pgerrcode.UndefinedTable
+}
+
 // close waits for refreshes and closes the pools r made; no check may be in
 // flight on them.
 func (r *router) close() {
@@ -315,14 +327,14 @@ func (d shardRows) insert(s Storage, rows []row, a *attempt) []stmt {
 }
 
 func (d shardRows) lock(s Storage, rows []row, a *attempt) []stmt {
-	scan := a.scanInto(s)
+	scan := a.scanRows(s, false, true)
 	return perRow(rows, func(r row) stmt {
 		return stmt{sql: a.lockSQL(d.table(s, r), s), args: []any{r.prefix, r.key, a.clock}, scan: scan}
 	})
 }
 
 func (d shardRows) relock(s Storage, rows []row, a *attempt) []stmt {
-	scan := a.scanInto(s)
+	scan := a.scanRows(s, false, true)
 	return perRow(rows, func(r row) stmt {
 		return stmt{sql: a.relockSQL(d.table(s, r), s), args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan}
 	})
@@ -345,35 +357,18 @@ func (shardRows) settings() []string    { return nil }
 func (shardRows) clock(*attempt) []stmt { return nil }
 
 // guard takes the shards' metadata locks (ShareLock, 5: what Citus's
-// executor takes before it writes to a shard, and a shard move waits for),
-// then checks that this node still holds their only placements.
+// executor takes before it writes to a shard, and a shard move waits for).
+// Whether this node still holds each shard is read after it, with each row
+// (the lock and relock statements' last column, see scanRows): a row of a
+// shard that moved fails the transaction before anything is decided.
 func (d shardRows) guard(a *attempt) []stmt {
 	var ids []int64
-	var group int32 // of the node the map says holds them all
 	for _, r := range a.rows {
-		sh := d.rt.tables[r.storage].shardAt(r.key)
-		ids, group = append(ids, sh.id), sh.group
+		id, _, _ := d.rt.tables[r.storage].shardOf(r.key)
+		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	arr := int64Array(len(ids), func(i int) int64 { return ids[i] })
-	return []stmt{
-		{sql: `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`, args: []any{arr}},
-		{sql: `SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = ANY($1::text::bigint[]) AND groupid = $2`,
-			args: []any{arr, group}, scan: func(rs rowScanner) error {
-				var n int
-				for rs.Next() {
-					if err := rs.Scan(&n); err != nil {
-						return err
-					}
-				}
-				if err := rs.Err(); err != nil {
-					return err
-				}
-				if n != len(ids) {
-					return errShardMoved
-				}
-				return nil
-			}},
-	}
+	return []stmt{{sql: `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`, args: []any{arr}}}
 }

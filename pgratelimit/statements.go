@@ -87,8 +87,10 @@ const (
 )
 
 // newStatements returns the statements of the bucket table t, a name as
-// SQL takes it (quoted, maybe schema-qualified).
-func newStatements(t string) statements {
+// SQL takes it (quoted, maybe schema-qualified). extra, if not empty, is
+// one more column (", expression") that one's lock and relock return after
+// the clock (a Citus shard's placement check, see shardRows).
+func newStatements(t, extra string) statements {
 	g := pgx.Identifier{GrantsTable}.Sanitize()
 	rows := `unnest($1::text::text[], $2::text::text[])`
 	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
@@ -104,7 +106,7 @@ LEFT JOIN LATERAL (SELECT id, amount, expires_at FROM ` + g + `
 FROM ` + rows + ` AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
-	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + dbClock3 + `%[2]s
+	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + dbClock3 + extra + `%[2]s
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
 	// lockFlat is lock1 without grants as Citus's fast path takes it: one
@@ -163,7 +165,7 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 			lockSkip:       variant(lock1, " SKIP LOCKED", false),
 			lockGrants:     variant(lock1, "", true),
 			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
-			relock:         relock(valuesOne, dbClock4),
+			relock:         relock(valuesOne, dbClock4+extra),
 			relockGrants:   relockGrants(valuesOne),
 			update:         update1,
 		},
