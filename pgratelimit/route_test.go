@@ -1,0 +1,120 @@
+package pgratelimit
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A node's pool is the application's pool's configuration with the host and
+// port replaced (and TLS expecting the node's name), nothing else.
+func TestNodePoolConfig(t *testing.T) {
+	app, err := pgxpool.ParseConfig("postgres://app:secret@coordinator:5432/appdb?sslmode=disable&pool_max_conns=7&application_name=svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app.ConnConfig.TLSConfig = &tls.Config{ServerName: "coordinator"}
+	cfg := nodePoolConfig(app, "10.0.0.2", 6432)
+	cc := cfg.ConnConfig
+	if cc.Host != "10.0.0.2" || cc.Port != 6432 || cc.Fallbacks != nil {
+		t.Errorf("host %q port %d fallbacks %v, want 10.0.0.2:6432 and none", cc.Host, cc.Port, cc.Fallbacks)
+	}
+	if cc.User != "app" || cc.Password != "secret" || cc.Database != "appdb" || cfg.MaxConns != 7 || cc.RuntimeParams["application_name"] != "svc" {
+		t.Errorf("settings not carried over: %+v, MaxConns %d", cc.Config, cfg.MaxConns)
+	}
+	if cc.TLSConfig.ServerName != "10.0.0.2" || app.ConnConfig.TLSConfig.ServerName != "coordinator" {
+		t.Errorf("TLS server names: node %q, application %q", cc.TLSConfig.ServerName, app.ConnConfig.TLSConfig.ServerName)
+	}
+	if app.ConnConfig.Host != "coordinator" {
+		t.Error("the application's configuration changed")
+	}
+}
+
+// A request is routed when all its rows are bucket rows of one node's
+// shards; not with grants, the ledger or a request ID, across nodes, or for
+// a table with no map.
+func TestNodeOf(t *testing.T) {
+	whole := func(node string) *shardMap {
+		return &shardMap{shards: []shardRange{{min: math.MinInt32, max: math.MaxInt32, id: 1, node: node, single: true}}}
+	}
+	// Two shards split at hash 0, on nodes a and b.
+	split := &shardMap{shards: []shardRange{
+		{min: math.MinInt32, max: -1, id: 10, node: "a:1", single: true},
+		{min: 0, max: math.MaxInt32, id: 11, node: "b:1", single: true},
+	}}
+	var onA, onB string
+	for i := 0; onA == "" || onB == ""; i++ {
+		k := fmt.Sprint("k", i)
+		if hashText(k) < 0 {
+			onA = k
+		} else {
+			onB = k
+		}
+	}
+	a, b := &node{}, &node{}
+	r := &router{}
+	rt := &routes{tables: [2]*shardMap{Durable: split}, stmts: map[int64]*statements{10: {}, 11: {}},
+		nodes: map[string]*node{"a:1": a, "b:1": b}, loadedAt: time.Now()}
+	r.routes.Store(rt)
+	q := func(op op, id string, cs ...charge) *request { return &request{op: op, id: id, charges: cs} }
+	c := func(s Storage, key string) charge { return charge{row: row{storage: s, prefix: "p", key: key}} }
+	for _, tc := range []struct {
+		name string
+		q    *request
+		want *node
+	}{
+		{"one key", q(opTake, "", c(Durable, onA)), a},
+		{"the other node", q(opTake, "", c(Durable, onB)), b},
+		{"two keys, one node", q(opTake, "", c(Durable, onB), c(Durable, onB+"x")), nil},
+		{"two nodes", q(opTake, "", c(Durable, onA), c(Durable, onB)), nil},
+		{"no map of the table", q(opTake, "", c(Ephemeral, onA)), nil},
+		{"a request ID", q(opTake, "r1", c(Durable, onA)), nil},
+		{"a refund", q(opGive, "", c(Durable, onA)), nil},
+		{"grants", q(opTake, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, grants: true}), nil},
+		{"the ledger", q(opTake, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, ledger: true}), nil},
+	} {
+		got, _ := r.nodeOf(tc.q)
+		if tc.name == "two keys, one node" {
+			// onB+"x" may hash either way: routed exactly when both are on b.
+			if hashText(onB+"x") >= 0 {
+				tc.want = b
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%s: routed to %p, want %p", tc.name, got, tc.want)
+		}
+	}
+	// A shard with another placement is not routed (its copies would part).
+	rt2 := *rt
+	rt2.tables[Durable] = whole("a:1")
+	rt2.stmts = map[int64]*statements{}
+	r.routes.Store(&rt2)
+	if got, _ := r.nodeOf(q(opTake, "", c(Durable, onA))); got != nil {
+		t.Error("a shard without statements (several placements) was routed")
+	}
+}
+
+// What sends a routed check back to the coordinator: the node is
+// unreachable, the shard moved, or its table is gone; nothing else.
+func TestRerouted(t *testing.T) {
+	_, dialErr := pgconn.Connect(context.Background(), "postgres://x@127.0.0.1:1/x?connect_timeout=1")
+	if dialErr == nil || !unreachable(fmt.Errorf("check: %w", dialErr)) {
+		t.Errorf("a failed connection is unreachable: %v", dialErr)
+	}
+	if !moved(dbError("coalesced check", errShardMoved)) {
+		t.Error("errShardMoved, wrapped, is moved")
+	}
+	if !moved(&pgconn.PgError{Code: "42P01"}) {
+		t.Error("an undefined shard table is moved")
+	}
+	if moved(&pgconn.PgError{Code: "55P03"}) || unreachable(errors.New("boom")) {
+		t.Error("other errors are the check's own")
+	}
+}
