@@ -101,13 +101,17 @@
 // an UNLOGGED one (faster; emptied after a crash, so right for request rates).
 // On Citus, distribute them by key (migrations.Distribute): a Client finds
 // out when it is made (a default client at its first check; Client.Detect
-// asks again) and sends statements that each route to one shard.
+// asks again), sends each check whose buckets' shards sit on one node straight
+// to that node, where it runs on the shards' own tables (route.go;
+// ClientConfig.DisableRouting turns that off), and sends the rest through the
+// coordinator in statements that each route to one shard (citus.go).
 //
 // # Reading the code
 //
 // A check goes downwards only: the API (limiter.go, multi.go, tx.go), the
 // client (client.go), the coalescer (coalesce.go), the transaction plan
 // (plan.go) and its runner (runner.go), the statement shapes (shape.go) in
-// the dialect's words (dialect.go) over the SQL (statements.go), and the
+// the dialect's words (dialect.go, citus.go, route.go) over the SQL
+// (statements.go), and the
 // decision (check.go) by the bucket math (bucket.go, schedule.go).
 package pgratelimit
