@@ -118,6 +118,12 @@ func demo(ctx context.Context, c *cli, f *flags, addr string, once bool) error {
 	fmt.Fprintf(c.stdout, "Serving %s: burst of 5, then 1 request per second per client IP.\n\n", limited)
 
 	client := &http.Client{Timeout: 10 * time.Second}
+	// Refills fall on whole seconds of the database's clock: the seven
+	// requests start just after one, so that none falls between them.
+	var dbNow time.Time
+	if err := pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&dbNow); err == nil {
+		time.Sleep(time.Second - dbNow.Sub(dbNow.Truncate(time.Second)) + 20*time.Millisecond)
+	}
 	var policy string
 	for i := 1; i <= 7; i++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, limited, nil)
