@@ -48,6 +48,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	denyCache := f.Int("deny-cache", 0, "Config.DenyCacheSize: deny keys denied before locally until their retry time (0: off)")
 	ledger := f.Bool("ledger", false, "Config.Ledger: a ledger row per allowed check")
 	requestIDs := f.Bool("request-ids", false, "give every check a request ID of its own (WithRequestID)")
+	noRouting := f.Bool("no-routing", false, "on Citus, send every check through the coordinator (ClientConfig.DisableRouting)")
 	prefill := f.Int("prefill", 0, "fill the table with N live rows of the run's prefix before the run (full buckets, as checks left them: the run's --keys are the first of them); at least --keys")
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
@@ -85,7 +86,7 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if err != nil {
 		return f.fail(err)
 	}
-	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants, requestIDs: *requestIDs, prefill: *prefill})
+	rep, err := bench(ctx, c, f, pcfg, cfg, benchRun{conc: *conc, keys: *keys, duration: *duration, cost: *cost, conns: *conns, limits: *limits, citus: *citus, cpuProfile: *cpuProfile, hold: *hold, grants: *grants, requestIDs: *requestIDs, prefill: *prefill, noRouting: *noRouting})
 	if err != nil {
 		return f.fail(err)
 	}
@@ -138,6 +139,7 @@ type benchRun struct {
 	grants                    int64 // granted to every key before the run
 	requestIDs                bool  // a request ID per check
 	prefill                   int   // live rows in the table before the run
+	noRouting                 bool  // ClientConfig.DisableRouting
 	citus, hold               bool
 	cpuProfile                string
 }
@@ -225,7 +227,20 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 	if err != nil {
 		return rep, err
 	}
-	l, err := pgratelimit.New(pool, cfg)
+	newLimiter := func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) { return pgratelimit.New(pool, cfg) }
+	if run.noRouting {
+		client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: cfg.CoalesceConns, DisableRouting: true})
+		if err != nil {
+			pool.Close()
+			return rep, err
+		}
+		defer client.Close(context.WithoutCancel(ctx))
+		newLimiter = func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) {
+			cfg.CoalesceConns = 0 // the client's
+			return client.NewLimiter(cfg)
+		}
+	}
+	l, err := newLimiter(cfg)
 	if err != nil {
 		pool.Close()
 		return rep, err
@@ -241,7 +256,7 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 	if run.limits == 2 {
 		dayCfg := cfg
 		dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
-		day, err := pgratelimit.New(pool, dayCfg)
+		day, err := newLimiter(dayCfg)
 		if err != nil {
 			pool.Close()
 			return rep, err
