@@ -115,7 +115,7 @@ func Example_readmeCredits() {
 	}
 }
 
-// README, plans and AllowAll.
+// README, plans (AllowAll's block is ExampleAllowAll's).
 func Example_readmePlans() {
 	ctx, pool, _ := readmeSetup()
 	plans := map[string]*pgratelimit.Limiter{}
@@ -133,35 +133,6 @@ func Example_readmePlans() {
 		log.Fatal(err)
 	}
 	fmt.Println(res.Allowed)
-	func() {
-		perSecond, err := pgratelimit.New(pool, pgratelimit.Config{
-			Prefix: "api-second", Capacity: 10, Refill: 10, Interval: time.Second, Storage: pgratelimit.Ephemeral,
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
-		perDay, err := pgratelimit.New(pool, pgratelimit.Config{
-			Prefix: "api-day", Capacity: 1000, Refill: 1000, Interval: 24 * time.Hour,
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
-		res, err := pgratelimit.AllowAll(ctx,
-			pgratelimit.Charge{Limiter: perSecond, Key: "key-123", Cost: 1},
-			pgratelimit.Charge{Limiter: perDay, Key: "key-123", Cost: 1},
-		)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if !res.Allowed {
-			if !res.Results[1].Allowed {
-				fmt.Println("daily quota used up")
-			}
-			fmt.Printf("retry in %s\n", res.RetryAfter)
-			return
-		}
-		fmt.Printf("allowed: %d left this second, %d today\n", res.Results[0].Remaining, res.Results[1].Remaining)
-	}()
 }
 
 // README, Transactions.

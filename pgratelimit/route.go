@@ -157,9 +157,11 @@ FROM pg_catalog.pg_class WHERE oid IN (pg_catalog.to_regclass($1), pg_catalog.to
 		return err
 	}
 	for s, table := range [...]string{Durable: DurableTable, Ephemeral: EphemeralTable} {
+		if !owner {
+			break
+		}
 		m, err := loadShardMap(ctx, r.app, table)
 		switch {
-		case !owner:
 		case errors.Is(err, errNotHashDistributed), errors.Is(err, ErrNotMigrated):
 		case err != nil:
 			return err

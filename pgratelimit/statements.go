@@ -139,10 +139,6 @@ FROM b` + grantsOf("b")
 FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
 	valuesOne := `VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)`
-	insert1 := `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-` + valuesOne + `
-ON CONFLICT (prefix, key) DO NOTHING`
-	update1 := `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`
 	return statements{
 		many: tableStatements{
 			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
@@ -160,23 +156,24 @@ FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::ti
 WHERE t.prefix = r.prefix AND t.key = r.key`,
 		},
 		one: tableStatements{
-			insert:         insert1,
+			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+` + valuesOne + `
+ON CONFLICT (prefix, key) DO NOTHING`,
 			lock:           variant(lock1, "", false),
 			lockSkip:       variant(lock1, " SKIP LOCKED", false),
 			lockGrants:     variant(lock1, "", true),
 			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
 			relock:         relock(valuesOne, dbClock4+extra),
 			relockGrants:   relockGrants(valuesOne),
-			update:         update1,
+			update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
 		},
-		// Citus cannot plan the lateral join of grants: citusRow reads
-		// them in statements of their own (grantSQL.lockOne).
+		// Only the locks differ from one's (citusRow inserts and updates
+		// with one's). Citus cannot plan the lateral join of grants:
+		// citusRow reads them in statements of their own (grantSQL.lockOne).
 		citus: tableStatements{
-			insert:   insert1,
 			lock:     variant(lockFlat, "", false),
 			lockSkip: variant(lockFlat, " SKIP LOCKED", false),
 			relock:   relock(valuesOne, noClock4),
-			update:   update1,
 		},
 		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,

@@ -18,6 +18,7 @@ import (
 var (
 	programs  = []string{"internal/readme/quickstart/main.go"}
 	fragments = []string{
+		"pgratelimit/example_test.go",
 		"pgratelimit/readme_example_test.go",
 		"pgratelimit/httplimit/readme_example_test.go",
 		"grpclimit/example_test.go",
