@@ -309,3 +309,43 @@ func TestCleanerReportsDuration(t *testing.T) {
 	require.Positive(t, st.Duration)
 	require.LessOrEqual(t, st.Duration, took)
 }
+
+// A check of a key idle past its expiry moves expires_at, and its update is
+// still HOT: no index covers expires_at (cleanup walks the table instead), so
+// a table of many rarely checked keys does not write index entries per check.
+func TestIdleKeysUpdateInPlace(t *testing.T) {
+	t.Parallel()
+	if os.Getenv(testdb.DistributeEnvVar) != "" {
+		t.Skip("on Citus the statistics are the workers' shards'; TestCitusRouting covers the checks")
+	}
+	ctx := context.Background()
+	pool := newPool(t)
+	insertExpired(t, pool, 1000) // prefix "old", keys k1..k1000, expired an hour ago
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "old", Capacity: 10, Refill: 1, Interval: time.Minute})
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	for i := range 100 { // every tenth row: a page has room for a few new versions, not for a hundred
+		r, err := l.AllowNTx(ctx, tx, fmt.Sprintf("k%d", 1+10*i), 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		require.Equal(t, int64(9), r.Remaining, "an expired row reads as a full bucket")
+	}
+	var upd, hot int64
+	require.NoError(t, tx.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables
+WHERE relid = 'pgratelimit_buckets'::regclass`).Scan(&upd, &hot))
+	require.Equal(t, int64(100), upd)
+	require.Equal(t, upd, hot, "every update HOT")
+	var indexes []string
+	rows, err := tx.Query(ctx, `SELECT indexname FROM pg_indexes WHERE tablename IN ('pgratelimit_buckets', 'pgratelimit_ephemeral_buckets') AND schemaname = current_schema() ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		indexes = append(indexes, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"pgratelimit_buckets_pkey", "pgratelimit_ephemeral_buckets_pkey"}, indexes, "only the primary keys")
+}

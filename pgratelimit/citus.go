@@ -36,24 +36,44 @@ func (citus) oneRowBatches() bool { return true }
 // deleter: the same DELETE on every shard, run there by
 // run_command_on_shards, since Citus cannot lock rows by ctid across shards
 // (its condition's quotes doubled inside format's literal). The time is the
-// coordinator's.
+// coordinator's. A walk scans the same range of pages in every shard, up to
+// the largest shard's size.
 func (citus) deleter(ct cleanupTable) deleter {
-	del := `SELECT coalesce(sum(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
+	dead := strings.ReplaceAll(ct.dead("%L::timestamptz"), "'", "''")
+	// Each shard's result is "n size": the rows it deleted and its size
+	// in pages (0 when not walking).
+	const sums = `SELECT coalesce(sum(split_part(result, ' ', 1)::bigint) FILTER (WHERE success), 0),
+       coalesce(max(split_part(result, ' ', 1)::bigint) FILTER (WHERE success), 0),
        coalesce(max(split_part(result, ' ', 2)::bigint) FILTER (WHERE success), 0),
        coalesce(string_agg(result, '; ') FILTER (WHERE NOT success), '')
-FROM run_command_on_shards($1::regclass, format(
-  'DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ` + strings.ReplaceAll(ct.dead("%L::timestamptz"), "'", "''") + ` ` + ct.order + ` LIMIT %s FOR UPDATE SKIP LOCKED))',
-  COALESCE($2::timestamptz, now()), $3::int))`
-	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
-		var n, most int64
+FROM run_command_on_shards($1::regclass, format(`
+	run := func(ctx context.Context, tx pgx.Tx, sql string, batchSize int, args ...any) (n int64, full bool, size int64, err error) {
+		var most int64
 		var failed string
-		if err := tx.QueryRow(ctx, del, ct.name, now, batchSize).Scan(&n, &most, &failed); err != nil {
-			return 0, false, err
+		if err := tx.QueryRow(ctx, sql, args...).Scan(&n, &most, &size, &failed); err != nil {
+			return 0, false, 0, err
 		}
 		if failed != "" {
-			return n, false, fmt.Errorf("on some shards: %s", failed)
+			return n, false, 0, fmt.Errorf("on some shards: %s", failed)
 		}
-		return n, most >= int64(batchSize), nil
+		return n, most >= int64(batchSize), size, nil
+	}
+	if ct.order == "" {
+		del := sums + `
+  'WITH d AS (DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ctid >= ''(%s,0)''::tid AND ctid < ''(%s,0)''::tid AND ` + dead + ` LIMIT %s FOR UPDATE SKIP LOCKED)) RETURNING 1)
+   SELECT count(*) || '' '' || pg_relation_size(''%%1$s'') / current_setting(''block_size'')::bigint FROM d',
+  $3::bigint, $4::bigint, COALESCE($2::timestamptz, now()), $5::int))`
+		return walk(func(ctx context.Context, tx pgx.Tx, now any, batchSize int, from, to int64) (int64, bool, int64, error) {
+			return run(ctx, tx, del, batchSize, ct.name, now, from, to, batchSize)
+		})
+	}
+	del := sums + `
+  'WITH d AS (DELETE FROM %%1$s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %%1$s WHERE ` + dead + ` ` + ct.order + ` LIMIT %s FOR UPDATE SKIP LOCKED)) RETURNING 1)
+   SELECT count(*) || '' 0'' FROM d',
+  COALESCE($2::timestamptz, now()), $3::int))`
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		n, full, _, err := run(ctx, tx, del, batchSize, ct.name, now, batchSize)
+		return n, full, err
 	}
 }
 

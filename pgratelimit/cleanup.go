@@ -73,9 +73,11 @@ type CleanupStats struct {
 	Err error
 }
 
-// cleanupLockID is the pg_try_advisory_xact_lock key that lets one Cleaner
-// at a time work: "pgrlcln" in ASCII.
-const cleanupLockID int64 = 0x7067726c636c6e
+// cleanupLockClass is the first key of the pg_try_advisory_xact_lock that
+// lets one Cleaner at a time work on a schema's tables ("pglc" in ASCII);
+// the second is the hash of the schema's name (current_schema(), the first
+// of the search_path), so cleaners of other schemas do not wait on it.
+const cleanupLockClass int32 = 0x70676c63
 
 // DeleteExpired deletes the rows of both bucket tables (durable and
 // ephemeral) whose expires_at has passed: buckets that are full again, which
@@ -142,8 +144,40 @@ type cleanupTable struct {
 	// dead is the SQL condition of the rows to delete, given the SQL of
 	// the time.
 	dead func(now string) string
-	// order is the ORDER BY of the rows to delete first, if any.
+	// order is the ORDER BY of the rows to delete first, which an index
+	// serves; "" walks the table by ranges of cleanupBlocks pages instead
+	// (see walk).
 	order string
+}
+
+// cleanupBlocks is how many of a table's pages one batch of a walk scans
+// (8 MB of 8 kB pages).
+const cleanupBlocks = 1024
+
+// walk is the deleter of a table without an index for its dead rows (the
+// bucket tables: an index on expires_at would keep updates that move it
+// from being HOT, README "Cleanup"): each batch deletes in one range of
+// cleanupBlocks pages (a TID range scan), the next range once a batch comes
+// back short, up to the table's size at the first batch (rows added since
+// are the next run's). batch deletes up to batchSize dead rows in pages
+// [from, to), says whether it deleted that many (then the range may hold
+// more) and reads the table's size in pages.
+func walk(batch func(ctx context.Context, tx pgx.Tx, now any, batchSize int, from, to int64) (n int64, full bool, size int64, err error)) deleter {
+	var from int64
+	end := int64(-1)
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		n, full, size, err := batch(ctx, tx, now, batchSize, from, from+cleanupBlocks)
+		if err != nil {
+			return n, false, err
+		}
+		if end < 0 {
+			end = size
+		}
+		if !full {
+			from += cleanupBlocks
+		}
+		return n, from < end, nil
+	}
 }
 
 // cleanupTables are what cleanup deletes: buckets full again (expired),
@@ -152,8 +186,8 @@ type cleanupTable struct {
 func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
 	expired := func(now string) string { return "expires_at <= " + now }
 	ts := []cleanupTable{
-		{DurableTable, expired, "ORDER BY expires_at"},
-		{EphemeralTable, expired, "ORDER BY expires_at"},
+		{DurableTable, expired, ""},
+		{EphemeralTable, expired, ""},
 		{GrantsTable, func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }, ""},
 		{RequestsTable, expired, "ORDER BY expires_at"},
 	}
@@ -181,7 +215,7 @@ func deleteBatch(ctx context.Context, pool *pgxpool.Pool, del deleter, now any, 
 	batch.Queue(`SELECT set_config('statement_timeout', $1, true)`, fmt.Sprintf("%dms", opts.StatementTimeout.Milliseconds()))
 	locked = true
 	if exclusive {
-		batch.Queue(`SELECT pg_try_advisory_xact_lock($1)`, cleanupLockID).QueryRow(func(r pgx.Row) error {
+		batch.Queue(`SELECT pg_try_advisory_xact_lock($1, hashtext(current_schema()))`, cleanupLockClass).QueryRow(func(r pgx.Row) error {
 			return r.Scan(&locked)
 		})
 	}
@@ -227,8 +261,8 @@ type CleanerConfig struct {
 
 // Cleaner deletes expired bucket rows periodically. Run it in every app
 // instance: in each run, only the instance that gets the cleanup advisory lock
-// (pg_try_advisory_xact_lock, taken per batch transaction, so it works behind
-// PgBouncer in transaction mode) deletes; the others skip.
+// of the schema (pg_try_advisory_xact_lock, taken per batch transaction, so
+// it works behind PgBouncer in transaction mode) deletes; the others skip.
 type Cleaner struct {
 	pool *pgxpool.Pool
 	cfg  CleanerConfig

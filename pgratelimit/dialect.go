@@ -83,11 +83,23 @@ func (postgres) set(pairs []string) []stmt {
 
 func (postgres) oneRowBatches() bool { return false }
 
-// deleter: the oldest dead rows that no check holds.
+// deleter: the oldest dead rows that no check holds, or, walking t, the
+// dead rows of a range of its pages that no check holds.
 func (postgres) deleter(ct cleanupTable) deleter {
 	t := pgx.Identifier{ct.name}.Sanitize()
+	dead := ct.dead("COALESCE($1::timestamptz, now())")
+	if ct.order == "" {
+		del := `WITH d AS (DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM ` + t + ` WHERE ctid >= format('(%s,0)', $3::bigint)::tid AND ctid < format('(%s,0)', $4::bigint)::tid
+	AND ` + dead + ` LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING 1)
+SELECT count(*), pg_relation_size($5::regclass) / current_setting('block_size')::bigint FROM d`
+		return walk(func(ctx context.Context, tx pgx.Tx, now any, batchSize int, from, to int64) (n int64, full bool, size int64, err error) {
+			err = tx.QueryRow(ctx, del, now, batchSize, from, to, ct.name).Scan(&n, &size)
+			return n, n >= int64(batchSize), size, err
+		})
+	}
 	del := `DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
-	SELECT ctid FROM ` + t + ` WHERE ` + ct.dead("COALESCE($1::timestamptz, now())") + `
+	SELECT ctid FROM ` + t + ` WHERE ` + dead + `
 	` + ct.order + ` LIMIT $2 FOR UPDATE SKIP LOCKED))`
 	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
 		tag, err := tx.Exec(ctx, del, now, batchSize)
