@@ -86,9 +86,12 @@ func TestCleanupUnderLoad(t *testing.T) {
 	require.NoError(t, err)
 
 	const keys, workers = 1000, 32
+	// The load runs for runFor and until cleanup has run three times (on
+	// Citus one run takes seconds: run_command_on_shards connects to every
+	// shard), at most a minute.
 	runFor := 4 * time.Second
 	var allowed [keys]atomic.Int64
-	var checks, cleaned atomic.Int64
+	var checks, cleaned, cleanups atomic.Int64
 	stop := make(chan struct{})
 	var cleanerWG sync.WaitGroup
 	cleanerWG.Add(1)
@@ -106,15 +109,19 @@ func TestCleanupUnderLoad(t *testing.T) {
 				return
 			}
 			cleaned.Add(n)
+			cleanups.Add(1)
 		}
 	}()
 	var wg sync.WaitGroup
-	deadline := time.Now().Add(runFor)
+	started := time.Now()
+	running := func() bool {
+		return time.Since(started) < runFor || (cleanups.Load() < 3 && time.Since(started) < time.Minute)
+	}
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for time.Now().Before(deadline) {
+			for running() {
 				// A window of 100 keys slides over the 1000, so keys go idle,
 				// expire, get deleted and come back.
 				window := int(time.Since(clock.start) / (runFor / 10))

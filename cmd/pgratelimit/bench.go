@@ -11,6 +11,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,6 +119,17 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 		server = fmt.Sprintf("%.1f", rep.ServerUsPerCheck)
 	}
 	fmt.Fprintf(out, "  CPU per check: client %.1f µs, server %s µs\n", rep.ClientUsPerCheck, server)
+	if len(rep.Nodes) > 0 {
+		var parts []string
+		for _, n := range rep.Nodes {
+			v := "n/a"
+			if n.UsPerCheck >= 0 {
+				v = fmt.Sprintf("%.1f", n.UsPerCheck)
+			}
+			parts = append(parts, n.Node+" "+v)
+		}
+		fmt.Fprintf(out, "  server CPU per check by node (µs): %s\n", strings.Join(parts, ", "))
+	}
 	fmt.Fprintf(out, "  audit: %s\n", rep.Audit)
 	fmt.Fprintf(out, "  HOT updates: %.1f%% of %d\n", 100*rep.HotRatio, rep.Updates)
 	if rep.PrefillRows > 0 {
@@ -170,6 +182,15 @@ type benchReport struct {
 	// processes' when the server runs on this machine (0 otherwise).
 	ClientUsPerCheck float64 `json:"client_us_per_check"`
 	ServerUsPerCheck float64 `json:"server_us_per_check"`
+	// On Citus: the server CPU time per check of each node, the
+	// coordinator first (-1: not readable, a node not on this machine);
+	// ServerUsPerCheck is then their sum (0 unless all were read).
+	Nodes []nodeCPU `json:"nodes,omitempty"`
+}
+
+type nodeCPU struct {
+	Node       string  `json:"node"`
+	UsPerCheck float64 `json:"us_per_check"`
 }
 
 func bench(ctx context.Context, c *cli, f *flags, pcfg *pgxpool.Config, cfg pgratelimit.Config, run benchRun) (rep benchReport, err error) {
@@ -279,7 +300,19 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var nodes *workers
+	if distributed {
+		if nodes, err = connectWorkers(ctx, admin); err != nil {
+			pool.Close()
+			return rep, fmt.Errorf("reading the Citus nodes: %w", err)
+		}
+		defer nodes.close(context.WithoutCancel(ctx))
+	}
 	server := serverCPU(ctx, pool)
+	var nodesCPU []time.Duration
+	if nodes != nil {
+		nodesCPU = nodes.cpu(ctx)
+	}
 	client := clientCPU()
 
 	keyNames := make([]string, run.keys)
@@ -373,6 +406,16 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 	clientUsed := clientCPU() - client
 	close(done)
 	serverUsed := serverCPU(ctx, pool) - server
+	var nodesUsed []time.Duration
+	if nodes != nil {
+		for i, t := range nodes.cpu(ctx) {
+			if t == 0 || nodesCPU[i] == 0 {
+				nodesUsed = append(nodesUsed, -1) // not readable
+			} else {
+				nodesUsed = append(nodesUsed, t-nodesCPU[i])
+			}
+		}
+	}
 	pool.Close() // backends exit and flush their statistics
 
 	all := slices.Concat(lat...)
@@ -392,8 +435,29 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 	}
 	if n := float64(len(all)); n > 0 {
 		rep.ClientUsPerCheck = math.Round(10*float64(clientUsed.Microseconds())/n) / 10
+		perCheck := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/n) / 10 }
 		if server > 0 {
-			rep.ServerUsPerCheck = math.Round(10*float64(serverUsed.Microseconds())/n) / 10
+			rep.ServerUsPerCheck = perCheck(serverUsed)
+		}
+		if nodes != nil {
+			// On Citus: the coordinator's and each worker's, and server the
+			// cluster's sum when every node's could be read.
+			rep.Nodes = append(rep.Nodes, nodeCPU{Node: "coordinator", UsPerCheck: rep.ServerUsPerCheck})
+			all := server > 0
+			for i, d := range nodesUsed {
+				nc := nodeCPU{Node: nodes.names[i], UsPerCheck: -1}
+				if d >= 0 {
+					nc.UsPerCheck = perCheck(d)
+					rep.ServerUsPerCheck += nc.UsPerCheck
+				} else {
+					all = false
+				}
+				rep.Nodes = append(rep.Nodes, nc)
+			}
+			if !all {
+				rep.ServerUsPerCheck = 0
+			}
+			rep.ServerUsPerCheck = math.Round(10*rep.ServerUsPerCheck) / 10
 		}
 	}
 	if e := firstErr.Load(); e != nil {

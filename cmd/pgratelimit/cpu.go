@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 )
 
 // clientCPU is this process's CPU time so far (user and system).
@@ -21,13 +22,15 @@ func clientCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// serverCPU is the CPU time so far of the PostgreSQL server behind pool,
-// when it runs on this machine: its postmaster (with the children it has
-// reaped) and every live child. 0 when it cannot be read (a remote server,
-// or /proc hidden).
-func serverCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
+// serverCPU is the CPU time so far of the PostgreSQL server behind q (a
+// pool or a connection), when it runs on this machine: its postmaster (with
+// the children it has reaped) and every live child. 0 when it cannot be
+// read (a remote server, or /proc hidden).
+func serverCPU(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) time.Duration {
 	var pid int
-	if err := pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+	if err := q.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return 0
 	}
 	st, ok := procStat(pid)
@@ -51,6 +54,71 @@ func serverCPU(ctx context.Context, pool *pgxpool.Pool) time.Duration {
 		}
 	}
 	return total
+}
+
+// workers are a Citus cluster's worker nodes (active primaries other than
+// the coordinator), each with a connection made with admin's settings,
+// host and port replaced, to read its server's CPU time. Nodes it cannot
+// connect to have a nil connection.
+type workers struct {
+	names []string
+	conns []*pgx.Conn
+}
+
+func connectWorkers(ctx context.Context, admin *pgx.Conn) (*workers, error) {
+	rows, err := admin.Query(ctx, `SELECT nodename, nodeport FROM pg_dist_node
+WHERE noderole = 'primary' AND isactive AND groupid <> 0 ORDER BY nodeid`)
+	if err != nil {
+		return nil, err
+	}
+	w := &workers{}
+	var hosts []string
+	var ports []uint16
+	for rows.Next() {
+		var host string
+		var port int32
+		if err := rows.Scan(&host, &port); err != nil {
+			return nil, err
+		}
+		hosts, ports = append(hosts, host), append(ports, uint16(port))
+		w.names = append(w.names, net.JoinHostPort(host, strconv.Itoa(int(port))))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range hosts {
+		cfg := admin.Config().Copy()
+		cfg.Host, cfg.Port, cfg.Fallbacks = hosts[i], ports[i], nil
+		if cfg.TLSConfig != nil {
+			cfg.TLSConfig = cfg.TLSConfig.Clone()
+			cfg.TLSConfig.ServerName = hosts[i]
+		}
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			conn = nil // its CPU reads as 0
+		}
+		w.conns = append(w.conns, conn)
+	}
+	return w, nil
+}
+
+// cpu is each worker's server CPU time so far (0: not readable).
+func (w *workers) cpu(ctx context.Context) []time.Duration {
+	ts := make([]time.Duration, len(w.conns))
+	for i, c := range w.conns {
+		if c != nil {
+			ts[i] = serverCPU(ctx, c)
+		}
+	}
+	return ts
+}
+
+func (w *workers) close(ctx context.Context) {
+	for _, c := range w.conns {
+		if c != nil {
+			_ = c.Close(ctx)
+		}
+	}
 }
 
 type stat struct {
