@@ -322,9 +322,15 @@ func (d shardRows) table(s Storage, r row) *tableStatements {
 	return &d.rt.stmts[id].one
 }
 
+// insert: the attempt's first row's insert, the first statement to touch a
+// shard, takes the guard's locks first (see guard).
 func (d shardRows) insert(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
-		return stmt{sql: d.table(s, r).insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
+		ts := d.table(s, r)
+		if r == a.rows[0] {
+			return stmt{sql: ts.guardedInsert, args: []any{r.prefix, r.key, a.interval(r), a.clock, d.shards(a)}}
+		}
+		return stmt{sql: ts.insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
 	})
 }
 
@@ -359,11 +365,21 @@ func (shardRows) settings() []string    { return nil }
 func (shardRows) clock(*attempt) []stmt { return nil }
 
 // guard takes the shards' metadata locks (ShareLock, 5: what Citus's
-// executor takes before it writes to a shard, and a shard move waits for).
-// Whether this node still holds each shard is read after it, with each row
-// (the lock and relock statements' last column, see scanRows): a row of a
-// shard that moved fails the transaction before anything is decided.
+// executor takes before it writes to a shard, and a shard move waits for):
+// in the first insert (insert), or, in an attempt that inserts nothing, in
+// a statement of its own. Whether this node still holds each shard is read
+// after it, with each row (the lock and relock statements' last column, see
+// scanRows): a row of a shard that moved fails the transaction before
+// anything is decided.
 func (d shardRows) guard(a *attempt) []stmt {
+	if a.mode != skipLockedNoInsert {
+		return nil
+	}
+	return []stmt{{sql: `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`, args: []any{d.shards(a)}}}
+}
+
+// shards is the array of the attempt's rows' shards, sorted.
+func (d shardRows) shards(a *attempt) string {
 	var ids []int64
 	for _, r := range a.rows {
 		id, _, _ := d.rt.tables[r.storage].shardOf(r.key)
@@ -371,6 +387,5 @@ func (d shardRows) guard(a *attempt) []stmt {
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	arr := int64Array(len(ids), func(i int) int64 { return ids[i] })
-	return []stmt{{sql: `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`, args: []any{arr}}}
+	return int64Array(len(ids), func(i int) int64 { return ids[i] })
 }

@@ -42,8 +42,11 @@ type tableStatements struct {
 	// leaves nothing that changes a later decision. expires_at is already
 	// what the first check will compute ($3: how long after it the bucket is
 	// full again, rounded up to the minute from the transaction's clock), so
-	// that check's UPDATE leaves the indexed column alone and stays HOT.
+	// that check's UPDATE most often leaves it alone.
 	insert string
+	// guardedInsert (one row) is insert after a routed transaction's guard
+	// on Citus (shardRows.guard): lock_shard_metadata on the shards $5.
+	guardedInsert string
 	// lock and lockSkip lock the rows one by one in the order given, which
 	// is (prefix, key) order, and read them with the clock ($3, or the
 	// database's clock_timestamp() read after each lock). lockSkip skips rows
@@ -138,7 +141,8 @@ FROM b` + grantsOf("b")
 	valuesMany := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
-	valuesOne := `VALUES ($1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval") + `)`
+	newOne := `$1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval")
+	valuesOne := `VALUES (` + newOne + `)`
 	return statements{
 		many: tableStatements{
 			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
@@ -158,6 +162,9 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 		one: tableStatements{
 			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + valuesOne + `
+ON CONFLICT (prefix, key) DO NOTHING`,
+			guardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+SELECT ` + newOne + ` FROM pg_catalog.lock_shard_metadata(5, $5::text::bigint[])
 ON CONFLICT (prefix, key) DO NOTHING`,
 			lock:           variant(lock1, "", false),
 			lockSkip:       variant(lock1, " SKIP LOCKED", false),
