@@ -283,13 +283,13 @@ func TestMessages(t *testing.T) {
 
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
-		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\napplied 00003_create_grants.sql\napplied 00004_requests_and_ledger.sql\n")
+		require.Contains(t, out, "applied 00001_create_buckets.sql\napplied 00002_index_expires_at.sql\napplied 00003_create_grants.sql\napplied 00004_requests_and_ledger.sql\napplied 00005_drop_expires_at_index.sql\n")
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
-		require.Contains(t, out, "nothing to apply: all 4 migrations are applied")
+		require.Contains(t, out, "nothing to apply: all 5 migrations are applied")
 		code, out, _ = pgrl(bare, "migrate", "down")
 		require.Equal(t, 0, code)
-		require.True(t, strings.HasPrefix(out, "rolled back 00004_requests_and_ledger.sql\n"), out)
+		require.True(t, strings.HasPrefix(out, "rolled back 00005_drop_expires_at_index.sql\n"), out)
 	})
 
 	t.Run("a negative refund is a number, not a flag", func(t *testing.T) {
