@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -345,14 +346,9 @@ func TestIdleKeysUpdateInPlace(t *testing.T) {
 WHERE relid = 'pgratelimit_buckets'::regclass`).Scan(&upd, &hot))
 	require.Equal(t, int64(100), upd)
 	require.Equal(t, upd, hot, "every update HOT")
-	var indexes []string
 	rows, err := tx.Query(ctx, `SELECT indexname FROM pg_indexes WHERE tablename IN ('pgratelimit_buckets', 'pgratelimit_ephemeral_buckets') AND schemaname = current_schema() ORDER BY 1`)
 	require.NoError(t, err)
-	for rows.Next() {
-		var n string
-		require.NoError(t, rows.Scan(&n))
-		indexes = append(indexes, n)
-	}
-	require.NoError(t, rows.Err())
+	indexes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.Equal(t, []string{"pgratelimit_buckets_pkey", "pgratelimit_ephemeral_buckets_pkey"}, indexes, "only the primary keys")
 }

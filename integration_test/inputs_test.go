@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
@@ -121,15 +122,10 @@ func TestHostileKeysAreJustKeys(t *testing.T) {
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgratelimit_buckets WHERE tokens = 0`).Scan(&rows))
 	require.Equal(t, len(keys), rows)
-	var stored []string
 	r, err := pool.Query(ctx, `SELECT key FROM pgratelimit_buckets ORDER BY key`)
 	require.NoError(t, err)
-	for r.Next() {
-		var k string
-		require.NoError(t, r.Scan(&k))
-		stored = append(stored, k)
-	}
-	require.NoError(t, r.Err())
+	stored, err := pgx.CollectRows(r, pgx.RowTo[string])
+	require.NoError(t, err)
 	require.ElementsMatch(t, keys, stored)
 }
 

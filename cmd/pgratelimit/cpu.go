@@ -71,33 +71,31 @@ WHERE noderole = 'primary' AND isactive AND groupid <> 0 ORDER BY nodeid`)
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
 	w := &workers{}
-	var hosts []string
-	var ports []uint16
 	for rows.Next() {
 		var host string
 		var port int32
 		if err := rows.Scan(&host, &port); err != nil {
+			w.close(ctx)
 			return nil, err
 		}
-		hosts, ports = append(hosts, host), append(ports, uint16(port))
-		w.names = append(w.names, net.JoinHostPort(host, strconv.Itoa(int(port))))
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	for i := range hosts {
 		cfg := admin.Config().Copy()
-		cfg.Host, cfg.Port, cfg.Fallbacks = hosts[i], ports[i], nil
+		cfg.Host, cfg.Port, cfg.Fallbacks = host, uint16(port), nil
 		if cfg.TLSConfig != nil {
 			cfg.TLSConfig = cfg.TLSConfig.Clone()
-			cfg.TLSConfig.ServerName = hosts[i]
+			cfg.TLSConfig.ServerName = host
 		}
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
 			conn = nil // its CPU reads as 0
 		}
+		w.names = append(w.names, net.JoinHostPort(host, strconv.Itoa(int(port))))
 		w.conns = append(w.conns, conn)
+	}
+	if err := rows.Err(); err != nil {
+		w.close(ctx)
+		return nil, err
 	}
 	return w, nil
 }
