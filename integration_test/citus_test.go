@@ -156,11 +156,40 @@ func TestCitusAllowAll(t *testing.T) {
 }
 
 // Cleanup on Citus deletes every expired row and nothing else, through
-// DeleteExpired and the Cleaner.
+// DeleteExpired and the Cleaner, on the workers that hold the shards
+// (connecting with the pool's settings), or through the coordinator when it
+// cannot reach them.
 func TestCitusCleanup(t *testing.T) {
 	t.Parallel()
-	pool := citusPool(t, 8)
+	for _, reach := range []bool{true, false} {
+		t.Run(fmt.Sprintf("workers-reachable=%v", reach), func(t *testing.T) {
+			t.Parallel()
+			testCitusCleanup(t, reach)
+		})
+	}
+}
+
+func testCitusCleanup(t *testing.T, reach bool) {
 	ctx := context.Background()
+	pool := citusPool(t, 8)
+	// A pool of the same settings that sees every connection it makes, and
+	// sends those to workers to a closed port unless reach.
+	coordinator := pool.Config().ConnConfig.Port
+	var mu sync.Mutex
+	ports := map[uint16]bool{}
+	cfg := pool.Config().Copy()
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ports[cc.Port] = true
+		if !reach && cc.Port != coordinator {
+			cc.Port = 1 // connection refused
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
 	clock := newClock()
 	for _, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
 		l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "c" + storage.String(), Capacity: 10, Refill: 1, Interval: time.Second, Storage: storage, Clock: clock.Now})
@@ -177,10 +206,19 @@ func TestCitusCleanup(t *testing.T) {
 		}
 	}
 	clock.Add(5 * time.Minute)
+	mu.Lock()
+	clear(ports) // the checks' own connections to the workers
+	mu.Unlock()
+	start := time.Now()
 	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 7})
 	require.NoError(t, err)
+	t.Logf("DeleteExpired: %d rows in %s", n, time.Since(start))
 	require.Equal(t, int64(600), n)
 	require.Equal(t, int64(100), countRows(t, pool, "true"), "the live rows stay")
+	mu.Lock()
+	delete(ports, coordinator)
+	require.NotEmpty(t, ports, "cleanup connects to the workers with the pool's settings (and is refused when they are unreachable)")
+	mu.Unlock()
 
 	clock.Add(2 * time.Hour)
 	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{Clock: clock.Now})

@@ -34,7 +34,9 @@ func (citus) set(pairs []string) []stmt {
 func (citus) oneRowBatches() bool { return true }
 
 // deleter: the same DELETE on every shard, run there by
-// run_command_on_shards, since Citus cannot lock rows by ctid across shards
+// run_command_on_shards, when cleanup cannot run it on the shards' nodes
+// itself (see cleanupParts), since Citus cannot lock rows by ctid across
+// shards
 // (its condition's quotes doubled inside format's literal). The time is the
 // coordinator's. A walk scans the same range of pages in every shard, up to
 // the largest shard's size.

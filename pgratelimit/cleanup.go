@@ -108,30 +108,39 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	if err != nil {
 		return st, err
 	}
+	nodes := nodePools{}
+	defer nodes.close()
 	for _, ct := range cleanupTables(opts.LedgerRetention) {
-		del := d.deleter(ct)
-		table := ct.name
-		for {
-			if err := ctx.Err(); err != nil {
-				return st, err
-			}
-			var now any
-			if opts.Clock != nil {
-				now = opts.Clock().Truncate(time.Microsecond).UTC()
-			}
-			n, more, locked, err := deleteBatch(ctx, pool, del, now, opts, exclusive)
-			if err != nil {
-				return st, dbError("delete expired rows of "+table, err)
-			}
-			if !locked {
-				st.Skipped = true
-				return st, nil
-			}
-			st.Batches++
-			st.Deleted += n
-			deleted.Add(context.WithoutCancel(ctx), n)
-			if !more {
-				break
+		parts, err := cleanupParts(ctx, pool, d, ct, nodes, opts.StatementTimeout)
+		if err != nil {
+			return st, dbError("delete expired rows of "+ct.name, err)
+		}
+		for _, p := range parts {
+			for {
+				if err := ctx.Err(); err != nil {
+					return st, err
+				}
+				var now any
+				if opts.Clock != nil {
+					now = opts.Clock().Truncate(time.Microsecond).UTC()
+				}
+				n, more, locked, err := deleteBatch(ctx, p.db, p.del, now, opts, exclusive)
+				if p.gone(err) {
+					break // the shard left the node: its rows are the next run's
+				}
+				if err != nil {
+					return st, dbError("delete expired rows of "+p.table, err)
+				}
+				if !locked {
+					st.Skipped = true
+					return st, nil
+				}
+				st.Batches++
+				st.Deleted += n
+				deleted.Add(context.WithoutCancel(ctx), n)
+				if !more {
+					break
+				}
 			}
 		}
 	}
@@ -141,6 +150,9 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 // cleanupTable is a table cleanup deletes dead rows of.
 type cleanupTable struct {
 	name string
+	// sql, when set, is the table to delete from as SQL takes it, in
+	// place of name's: a Citus shard's own table (see cleanupParts).
+	sql string
 	// dead is the SQL condition of the rows to delete, given the SQL of
 	// the time.
 	dead func(now string) string
@@ -186,14 +198,14 @@ func walk(batch func(ctx context.Context, tx pgx.Tx, now any, batchSize int, fro
 func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
 	expired := func(now string) string { return "expires_at <= " + now }
 	ts := []cleanupTable{
-		{DurableTable, expired, ""},
-		{EphemeralTable, expired, ""},
-		{GrantsTable, func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }, ""},
-		{RequestsTable, expired, "ORDER BY expires_at"},
+		{name: DurableTable, dead: expired},
+		{name: EphemeralTable, dead: expired},
+		{name: GrantsTable, dead: func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }},
+		{name: RequestsTable, dead: expired, order: "ORDER BY expires_at"},
 	}
 	if ledgerRetention > 0 {
 		age := "interval '" + interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
-		ts = append(ts, cleanupTable{LedgerTable, func(now string) string { return "at <= " + now + " - " + age }, "ORDER BY at"})
+		ts = append(ts, cleanupTable{name: LedgerTable, dead: func(now string) string { return "at <= " + now + " - " + age }, order: "ORDER BY at"})
 	}
 	return ts
 }
@@ -205,8 +217,8 @@ type deleter func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (n int
 // deleteBatch runs one batch transaction. When exclusive, it first takes the
 // cleanup advisory lock for the transaction and reports locked == false,
 // deleting nothing, if another instance holds it.
-func deleteBatch(ctx context.Context, pool *pgxpool.Pool, del deleter, now any, opts CleanupOptions, exclusive bool) (n int64, more, locked bool, err error) {
-	tx, err := pool.Begin(ctx)
+func deleteBatch(ctx context.Context, db beginner, del deleter, now any, opts CleanupOptions, exclusive bool) (n int64, more, locked bool, err error) {
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, false, false, err
 	}

@@ -86,7 +86,10 @@ func (postgres) oneRowBatches() bool { return false }
 // deleter: the oldest dead rows that no check holds, or, walking t, the
 // dead rows of a range of its pages that no check holds.
 func (postgres) deleter(ct cleanupTable) deleter {
-	t := pgx.Identifier{ct.name}.Sanitize()
+	t := ct.sql
+	if t == "" {
+		t = pgx.Identifier{ct.name}.Sanitize()
+	}
 	dead := ct.dead("COALESCE($1::timestamptz, now())")
 	if ct.order == "" {
 		del := `WITH d AS (DELETE FROM ` + t + ` WHERE ctid = ANY(ARRAY(
@@ -94,7 +97,7 @@ func (postgres) deleter(ct cleanupTable) deleter {
 	AND ` + dead + ` LIMIT $2 FOR UPDATE SKIP LOCKED)) RETURNING 1)
 SELECT count(*), pg_relation_size($5::regclass) / current_setting('block_size')::bigint FROM d`
 		return walk(func(ctx context.Context, tx pgx.Tx, now any, batchSize int, from, to int64) (n int64, full bool, size int64, err error) {
-			err = tx.QueryRow(ctx, del, now, batchSize, from, to, ct.name).Scan(&n, &size)
+			err = tx.QueryRow(ctx, del, now, batchSize, from, to, t).Scan(&n, &size)
 			return n, n >= int64(batchSize), size, err
 		})
 	}

@@ -507,7 +507,11 @@ SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, ru
 // prefix, keys key-0 to key-(n-1), each a full bucket as a check long ago
 // left it (refilled on the grid, full again since: expires_at passed, which
 // no run's cleanup sees, since the bench runs none), in transactions of a
-// million rows; then VACUUM ANALYZE and, if the role may, CHECKPOINT.
+// million rows, each in random order as checks would have added them (in
+// the order of i the keys' index would be half empty: "key-1000000" and on
+// go in the middle of "key-100000"'s, every page split leaving the left half
+// full and never added to again); then VACUUM ANALYZE and, if the role may,
+// CHECKPOINT.
 func prefillRows(ctx context.Context, c *cli, admin *pgx.Conn, schema string, cfg pgratelimit.Config, n int) error {
 	table := pgratelimit.DurableTable
 	if cfg.Storage == pgratelimit.Ephemeral {
@@ -516,7 +520,8 @@ func prefillRows(ctx context.Context, c *cli, admin *pgx.Conn, schema string, cf
 	name := pgx.Identifier{schema, table}.Sanitize()
 	ins := `INSERT INTO ` + name + ` (prefix, key, tokens, refilled_at, expires_at)
 SELECT $1, 'key-' || i, $2, date_bin($3::interval, now() - interval '1 hour', timestamptz 'epoch'), date_bin('1 minute', now() - interval '1 minute', timestamptz 'epoch')
-FROM generate_series($4::bigint, $5::bigint) AS i`
+FROM generate_series($4::bigint, $5::bigint) AS i
+ORDER BY hashint8(i)`
 	start := time.Now()
 	const chunk = 1_000_000
 	for from := 0; from < n; from += chunk {

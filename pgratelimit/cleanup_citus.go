@@ -1,0 +1,126 @@
+package pgratelimit
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Cleanup on Citus deletes each shard's dead rows on the node that holds the
+// shard, in the shard's own table, with plain PostgreSQL's batches (walked
+// or index-ordered, see cleanupTable), through one connection per node made
+// from the pool's settings (host and port replaced, as routed checks do; see
+// router). Through the coordinator the same batch runs on every shard by
+// run_command_on_shards, which connects to the workers afresh for every
+// call: a second or more per batch, and a burst of connections on every
+// worker. A table goes through the coordinator still when a shard of it is
+// not on one reachable node alone (a node without synced metadata, a shard
+// with several placements, a worker the application cannot connect to).
+//
+// Without a Clock, a shard's rows expire by its node's clock, the one a
+// check routed there reads. A shard moved during a run costs nothing: a row
+// deleted from its old copy while the move copies it is deleted in the new
+// copy too (a move by logical replication replicates the delete) or stays
+// there, dead, for the next run (a move that blocks writes and had copied
+// it); a batch that finds the shard's table gone (dropped after the move)
+// ends that shard's part. Cleanup deletes only rows that no check tells
+// from missing ones, so a delete that misses the new copy changes no
+// decision.
+
+// cleanupPart is where a table's batches run: all of it through the pool,
+// or one shard on its node.
+type cleanupPart struct {
+	db    beginner
+	del   deleter
+	table string // for errors: the table, and the shard and node
+	shard bool
+}
+
+// beginner is a pool or a connection.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// cleanupParts returns where ct's batches run: through pool, or, on Citus
+// when every shard can be, on each shard's node (pools made in nodes, each
+// given connectTimeout to connect).
+func cleanupParts(ctx context.Context, pool *pgxpool.Pool, d dialect, ct cleanupTable, nodes nodePools, connectTimeout time.Duration) ([]cleanupPart, error) {
+	whole := []cleanupPart{{db: pool, del: d.deleter(ct), table: ct.name}}
+	if d.kind() != Citus {
+		return whole, nil
+	}
+	m, err := loadShards(ctx, pool, ct.name, pgx.Identifier{ct.name}.Sanitize())
+	if err != nil {
+		return nil, fmt.Errorf("pgratelimit: loading the Citus shards of %s: %w", ct.name, err)
+	}
+	parts := make([]cleanupPart, 0, len(m.shards))
+	for _, sh := range m.shards {
+		if sh.node == "" || !sh.single {
+			return whole, nil
+		}
+		db := nodes.get(ctx, pool, sh.node, connectTimeout)
+		if db == nil {
+			return whole, nil
+		}
+		shard := ct
+		shard.sql = sh.name
+		parts = append(parts, cleanupPart{db: db, del: postgres{}.deleter(shard), table: fmt.Sprintf("%s (shard %d on %s)", ct.name, sh.id, sh.node), shard: true})
+	}
+	return parts, nil
+}
+
+// gone says whether err ended a shard's part because its table is not on
+// the node any more (moved since the map was read).
+func (p cleanupPart) gone(err error) bool {
+	return p.shard && sqlState(err) == pgerrcode.UndefinedTable
+}
+
+// nodePools are the pools one cleanup run opened to Citus nodes, by
+// "host:port"; nil for a node it could not reach.
+type nodePools map[string]*pgxpool.Pool
+
+// get returns a pool of one connection to the node at addr, made from app's
+// settings the first time, or nil if the node cannot be reached within
+// timeout.
+func (ns nodePools) get(ctx context.Context, app *pgxpool.Pool, addr string, timeout time.Duration) *pgxpool.Pool {
+	if p, ok := ns[addr]; ok {
+		return p
+	}
+	ns[addr] = nil
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return nil
+	}
+	cfg := nodePoolConfig(app.Config(), host, uint16(n))
+	cfg.MinConns, cfg.MaxConns = 0, 1
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := p.Ping(ctx); err != nil {
+		p.Close()
+		return nil
+	}
+	ns[addr] = p
+	return p
+}
+
+func (ns nodePools) close() {
+	for _, p := range ns {
+		if p != nil {
+			p.Close()
+		}
+	}
+}
