@@ -66,7 +66,8 @@ func coordinatorCommits(t *testing.T, pool *pgxpool.Pool) int64 {
 
 // Checks stay exact, with no error, while citus_move_shard_placement moves
 // the shards of the hot keys to the other worker and back: a routed check
-// that finds its shard gone goes through the coordinator.
+// that finds its shard gone goes through the coordinator. Cleanup runs all
+// along, on the shards' nodes, without an error either.
 func TestCitusShardMoveUnderLoad(t *testing.T) {
 	for _, perCheck := range []bool{false, true} {
 		t.Run(fmt.Sprintf("per-check=%v", perCheck), func(t *testing.T) {
@@ -110,6 +111,23 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 					}
 				}()
 			}
+			var cleanups atomic.Int64
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now}); err != nil {
+						t.Errorf("cleanup during the moves: %v", err)
+						return
+					}
+					cleanups.Add(1)
+				}
+			}()
 			time.Sleep(300 * time.Millisecond)
 			shard, from, to := shardAndOtherNode(t, pool, key(0))
 			moveShard(t, pool, shard, from, to)
@@ -120,6 +138,7 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 			wg.Wait()
 
 			require.Zero(t, errs.Load())
+			require.Positive(t, cleanups.Load())
 			var total int64
 			for i := range keys {
 				r, err := l.Peek(ctx, key(i))
