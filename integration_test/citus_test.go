@@ -229,6 +229,32 @@ func testCitusCleanup(t *testing.T, reach bool) {
 	require.Zero(t, countRows(t, pool, "true"))
 }
 
+// A table left undistributed on a Citus coordinator (here the request IDs')
+// is cleaned there as on plain PostgreSQL, the distributed ones on their
+// shards.
+func TestCitusCleanupLocalTable(t *testing.T) {
+	t.Parallel()
+	pool := citusPool(t, 4)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `SELECT undistribute_table('pgratelimit_requests')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO pgratelimit_requests (prefix, key, request_id, cost, remaining, granted, created_at, expires_at)
+SELECT 'p', 'k' || i, 'r', 1, 0, 0, now() - interval '2 days', now() + CASE WHEN i < 10 THEN interval '-1 day' ELSE interval '1 day' END
+FROM generate_series(0, 11) i`)
+	require.NoError(t, err)
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Second})
+	require.NoError(t, err)
+	_, err = l.Allow(ctx, "a") // full again within the minute
+	require.NoError(t, err)
+
+	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: func() time.Time { return time.Now().Add(time.Hour) }})
+	require.NoError(t, err)
+	require.Equal(t, int64(11), n, "ten request IDs and the bucket")
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgratelimit_requests`).Scan(&left))
+	require.Equal(t, 2, left)
+}
+
 // concurrently runs workers goroutines of n checks each, of the keys key(w,
 // i), and returns how many were allowed.
 func concurrently(t *testing.T, workers, n int, key func(w, i int) string, l *pgratelimit.Limiter) int64 {

@@ -49,15 +49,24 @@ type beginner interface {
 
 // cleanupParts returns where ct's batches run: through pool, or, on Citus
 // when every shard can be, on each shard's node (pools made in nodes, each
-// given connectTimeout to connect).
+// given connectTimeout to connect). A table that Citus does not distribute
+// is cleaned on the coordinator as on plain PostgreSQL.
 func cleanupParts(ctx context.Context, pool *pgxpool.Pool, d dialect, ct cleanupTable, nodes nodePools, connectTimeout time.Duration) ([]cleanupPart, error) {
 	whole := []cleanupPart{{db: pool, del: d.deleter(ct), table: ct.name}}
 	if d.kind() != Citus {
 		return whole, nil
 	}
-	m, err := loadShards(ctx, pool, ct.name, pgx.Identifier{ct.name}.Sanitize())
+	name := pgx.Identifier{ct.name}.Sanitize()
+	var distributed bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1))`, name).Scan(&distributed); err != nil {
+		return nil, err
+	}
+	if !distributed { // left on the coordinator
+		return []cleanupPart{{db: pool, del: postgres{}.deleter(ct), table: ct.name}}, nil
+	}
+	m, err := loadShards(ctx, pool, ct.name, name)
 	if err != nil {
-		return nil, fmt.Errorf("pgratelimit: loading the Citus shards of %s: %w", ct.name, err)
+		return nil, err
 	}
 	parts := make([]cleanupPart, 0, len(m.shards))
 	for _, sh := range m.shards {
@@ -102,7 +111,7 @@ func (ns nodePools) get(ctx context.Context, app *pgxpool.Pool, addr string, tim
 		return nil
 	}
 	cfg := nodePoolConfig(app.Config(), host, uint16(n))
-	cfg.MinConns, cfg.MaxConns = 0, 1
+	cfg.MinConns, cfg.MinIdleConns, cfg.MaxConns = 0, 0, 1
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil
