@@ -229,6 +229,55 @@ func testCitusCleanup(t *testing.T, reach bool) {
 	require.Zero(t, countRows(t, pool, "true"))
 }
 
+// An application role that does not own the tables cannot take Citus's
+// shard locks: its cleanup goes through the coordinator, and still deletes
+// every expired row.
+func TestCitusCleanupNotOwner(t *testing.T) {
+	t.Parallel()
+	owner := citusPool(t, 4)
+	ctx := context.Background()
+	var schema string
+	require.NoError(t, owner.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema))
+	role := schema + "_app"
+	_, err := owner.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, sql := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+			if _, err := owner.Exec(context.Background(), sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	_, err = owner.Exec(ctx, `GRANT USAGE ON SCHEMA `+schema+` TO `+role+`;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+schema+` TO `+role)
+	require.NoError(t, err)
+	insertExpired(t, owner, 500)
+
+	coordinator := owner.Config().ConnConfig.Port
+	var mu sync.Mutex
+	var workers int
+	cfg := owner.Config().Copy()
+	cfg.ConnConfig.User = role
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if cc.Port != coordinator {
+			workers++
+		}
+		return nil
+	}
+	app, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer app.Close()
+	n, err := pgratelimit.DeleteExpired(ctx, app, pgratelimit.CleanupOptions{})
+	require.NoError(t, err)
+	require.Equal(t, int64(500), n)
+	require.Zero(t, countRows(t, owner, "true"))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, workers, "not the owner: through the coordinator")
+}
+
 // A table left undistributed on a Citus coordinator (here the request IDs')
 // is cleaned there as on plain PostgreSQL, the distributed ones on their
 // shards.

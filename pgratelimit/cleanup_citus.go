@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -24,14 +23,13 @@ import (
 // with several placements, a worker the application cannot connect to).
 //
 // Without a Clock, a shard's rows expire by its node's clock, the one a
-// check routed there reads. A shard moved during a run costs nothing: a row
-// deleted from its old copy while the move copies it is deleted in the new
-// copy too (a move by logical replication replicates the delete) or stays
-// there, dead, for the next run (a move that blocks writes and had copied
-// it); a batch that finds the shard's table gone (dropped after the move)
-// ends that shard's part. Cleanup deletes only rows that no check tells
-// from missing ones, so a delete that misses the new copy changes no
-// decision.
+// check routed there reads. Each batch holds its shard where it is, as a
+// routed check does (see shardGuard); one that finds its shard moved away
+// since the map was read ends that shard's part, for the next run. A row
+// deleted while a move copies the shard is deleted in the new copy too (a
+// move by logical replication replicates the delete) or stays there, dead,
+// for the next run: cleanup deletes only rows that no check tells from
+// missing ones, so a delete that misses the new copy changes no decision.
 
 // cleanupPart is where a table's batches run: all of it through the pool,
 // or one shard on its node.
@@ -57,12 +55,16 @@ func cleanupParts(ctx context.Context, pool *pgxpool.Pool, d dialect, ct cleanup
 		return whole, nil
 	}
 	name := pgx.Identifier{ct.name}.Sanitize()
-	var distributed bool
-	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1))`, name).Scan(&distributed); err != nil {
+	var distributed, owner bool
+	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition WHERE logicalrelid = pg_catalog.to_regclass($1)),
+       coalesce((SELECT pg_catalog.pg_has_role(relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), false)`, name).Scan(&distributed, &owner); err != nil {
 		return nil, err
 	}
-	if !distributed { // left on the coordinator
+	switch {
+	case !distributed: // left on the coordinator
 		return []cleanupPart{{db: pool, del: postgres{}.deleter(ct), table: ct.name}}, nil
+	case !owner: // Citus lets only owners take shard locks (see shardGuard)
+		return whole, nil
 	}
 	m, err := loadShards(ctx, pool, ct.name, name)
 	if err != nil {
@@ -79,15 +81,40 @@ func cleanupParts(ctx context.Context, pool *pgxpool.Pool, d dialect, ct cleanup
 		}
 		shard := ct
 		shard.sql = sh.name
-		parts = append(parts, cleanupPart{db: db, del: postgres{}.deleter(shard), table: fmt.Sprintf("%s (shard %d on %s)", ct.name, sh.id, sh.node), shard: true})
+		parts = append(parts, cleanupPart{db: db, del: shardGuard(sh, postgres{}.deleter(shard)), table: fmt.Sprintf("%s (shard %d on %s)", ct.name, sh.id, sh.node), shard: true})
 	}
 	return parts, nil
 }
 
-// gone says whether err ended a shard's part because its table is not on
+// shardGuard runs del in a transaction on sh's node only while the node
+// holds sh: it takes the shard's metadata lock first (ShareLock, as a routed
+// check does: a move waits for it to switch the shard over), then reads
+// whether the node still holds the shard, and fails with errShardMoved if
+// not. So a batch never touches the old copy of a moved shard, whose
+// deferred drop (at the next move at the latest) would fail on the batch's
+// lock, failing that move.
+func shardGuard(sh shardRange, del deleter) deleter {
+	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
+		var here bool
+		b := &pgx.Batch{}
+		b.Queue(`SELECT pg_catalog.lock_shard_metadata(5, $1::bigint[])`, []int64{sh.id})
+		b.Queue(`SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_placement WHERE shardid = $1 AND groupid = $2)`, sh.id, sh.group).QueryRow(func(r pgx.Row) error {
+			return r.Scan(&here)
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return 0, false, err
+		}
+		if !here {
+			return 0, false, errShardMoved
+		}
+		return del(ctx, tx, now, batchSize)
+	}
+}
+
+// gone says whether err ended a shard's part because the shard is not on
 // the node any more (moved since the map was read).
 func (p cleanupPart) gone(err error) bool {
-	return p.shard && sqlState(err) == pgerrcode.UndefinedTable
+	return p.shard && moved(err)
 }
 
 // nodePools are the pools one cleanup run opened to Citus nodes, by
