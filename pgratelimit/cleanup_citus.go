@@ -3,8 +3,6 @@ package pgratelimit
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -129,15 +127,10 @@ func (ns nodePools) get(ctx context.Context, app *pgxpool.Pool, addr string, tim
 		return p
 	}
 	ns[addr] = nil
-	host, port, err := net.SplitHostPort(addr)
+	cfg, err := nodePoolConfig(app.Config(), addr)
 	if err != nil {
 		return nil
 	}
-	n, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return nil
-	}
-	cfg := nodePoolConfig(app.Config(), host, uint16(n))
 	cfg.MinConns, cfg.MinIdleConns, cfg.MaxConns = 0, 0, 1
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

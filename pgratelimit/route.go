@@ -237,15 +237,11 @@ func (r *router) nodeLocked(addr string, app bool, slots int) (*node, error) {
 	}
 	pool := r.app
 	if !app {
-		host, port, err := net.SplitHostPort(addr)
+		cfg, err := nodePoolConfig(r.app.Config(), addr)
 		if err != nil {
 			return nil, err
 		}
-		p, err := strconv.ParseUint(port, 10, 16)
-		if err != nil {
-			return nil, err
-		}
-		if pool, err = pgxpool.NewWithConfig(context.Background(), nodePoolConfig(r.app.Config(), host, uint16(p))); err != nil {
+		if pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -255,17 +251,25 @@ func (r *router) nodeLocked(addr string, app bool, slots int) (*node, error) {
 }
 
 // nodePoolConfig is the application's pool configuration for the node at
-// host and port: the same user, database, credentials, TLS settings and pool
-// sizes.
-func nodePoolConfig(app *pgxpool.Config, host string, port uint16) *pgxpool.Config {
+// addr ("host:port"): the same user, database, credentials, TLS settings and
+// pool sizes.
+func nodePoolConfig(app *pgxpool.Config, addr string) (*pgxpool.Config, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return nil, err
+	}
 	cfg := app.Copy()
 	cc := cfg.ConnConfig
-	cc.Host, cc.Port, cc.Fallbacks = host, port, nil
+	cc.Host, cc.Port, cc.Fallbacks = host, uint16(port), nil
 	if cc.TLSConfig != nil {
 		cc.TLSConfig = cc.TLSConfig.Clone()
 		cc.TLSConfig.ServerName = host
 	}
-	return cfg
+	return cfg, nil
 }
 
 // unreachable says whether err is a failure to connect, before anything

@@ -21,7 +21,10 @@ func TestNodePoolConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	app.ConnConfig.TLSConfig = &tls.Config{ServerName: "coordinator"}
-	cfg := nodePoolConfig(app, "10.0.0.2", 6432)
+	cfg, err := nodePoolConfig(app, "10.0.0.2:6432")
+	if err != nil {
+		t.Fatal(err)
+	}
 	cc := cfg.ConnConfig
 	if cc.Host != "10.0.0.2" || cc.Port != 6432 || cc.Fallbacks != nil {
 		t.Errorf("host %q port %d fallbacks %v, want 10.0.0.2:6432 and none", cc.Host, cc.Port, cc.Fallbacks)
