@@ -19,6 +19,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
@@ -322,7 +323,7 @@ func (a *demoApp) state(ctx context.Context, key string) stateJSON {
 	}
 	st.Checks = c
 	if err := errors.Join(errs...); err != nil {
-		st.Error = stripPrefixes(err.Error())
+		st.Error = clierr.Text(err)
 	}
 	return st
 }
@@ -429,7 +430,7 @@ func (a *demoApp) servePolicy(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, pgratelimit.ErrInvalidConfig) {
 			status = http.StatusBadRequest
 		}
-		writeJSON(w, status, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, status, map[string]string{"error": clierr.Text(err)})
 		return
 	}
 	writeJSON(w, http.StatusOK, describePolicy(p))
@@ -447,7 +448,7 @@ func (a *demoApp) serveReset(w http.ResponseWriter, r *http.Request) {
 		err = p.minute.Reset(r.Context(), key)
 	}
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tokens": p.cfg.Capacity})
@@ -475,7 +476,7 @@ func (a *demoApp) serveRollback(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	p := a.cur.Load()
 	fail := func(err error) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 	}
 	out := rollbackJSON{Cost: costParam(r), Capacity: p.cfg.Capacity}
 	if out.Cost < 1 || out.Cost > p.cfg.Capacity {
@@ -613,7 +614,7 @@ func (a *demoApp) serveCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fail := func(err error) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 	}
 	// What the grants held before, to tell how much of the charge they
 	// paid: the check takes from the quota first, so the rest came from
@@ -685,12 +686,12 @@ func (a *demoApp) serveGrant(w http.ResponseWriter, r *http.Request) {
 		expiresAt = time.Now().Add(d)
 	}
 	if _, err := a.credits.Grant(ctx, key, amount, expiresAt); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 		return
 	}
 	c, err := a.creditsState(ctx, key)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 		return
 	}
 	expires := "never expires"
@@ -710,12 +711,12 @@ func (a *demoApp) serveCreditsReset(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := a.resetCredits(r.Context(), key); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 		return
 	}
 	c, err := a.creditsState(r.Context(), key)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": stripPrefixes(err.Error())})
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{

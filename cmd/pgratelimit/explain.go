@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -18,12 +19,12 @@ import (
 // their package prefixes (the command name already heads the line), for the
 // rest.
 func (f *flags) explain(err error) string {
-	var ue usageError
+	var ue clierr.UsageError
 	var ce *pgconn.ConnectError
 	timedOut := f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut)
 	switch {
 	case errors.As(err, &ue):
-		return ue.msg
+		return ue.Msg
 	case errors.Is(err, pgratelimit.ErrNotMigrated):
 		return "the pgratelimit tables are not in this database (or not on its search_path): create them with 'pgratelimit migrate up'"
 	case timedOut && (errors.As(err, &ce) || !f.connected.Load()):
@@ -37,16 +38,7 @@ func (f *flags) explain(err error) string {
 	case errors.Is(err, context.Canceled):
 		return "interrupted"
 	}
-	return stripPrefixes(err.Error())
-}
-
-// stripPrefixes removes the "pgratelimit: " and "pgratelimit migrations: "
-// with which the library starts its messages.
-func stripPrefixes(s string) string {
-	for _, p := range []string{"pgratelimit migrations: ", "pgratelimit: "} {
-		s = strings.ReplaceAll(s, p, "")
-	}
-	return s
+	return clierr.Text(err)
 }
 
 // target names the database server of cfg.

@@ -56,10 +56,9 @@ type command struct {
 	timeoutUse string
 }
 
-var commands []command
-
-func init() {
-	commands = []command{
+// commands lists the commands, in the order usage shows them.
+func commands() []command {
+	return []command{
 		{"migrate", "up|down|status|distribute", "apply, roll back (one step) or list the schema migrations; distribute the tables by key on Citus (after up)", runMigrate, 5 * time.Minute, ""},
 		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied; --request-id ID: once per ID)", runAllow, 10 * time.Second, ""},
 		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, ""},
@@ -78,10 +77,20 @@ func init() {
 	}
 }
 
+// lookupCommand returns the command called name.
+func lookupCommand(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: pgratelimit COMMAND [flags] [args]")
 	fmt.Fprintln(w, "\ncommands:")
-	for _, c := range commands {
+	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %-22s %s\n", c.name, c.args, c.summary)
 	}
 	fmt.Fprintln(w, "\nThe database comes from --database-url or $DATABASE_URL. Every command gives up")
@@ -105,10 +114,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		usage(stdout)
 		return exitOK
 	}
-	for _, cmd := range commands {
-		if cmd.name == args[0] {
-			return cmd.run(ctx, c, args[1:])
-		}
+	if cmd, ok := lookupCommand(args[0]); ok {
+		return cmd.run(ctx, c, args[1:])
 	}
 	fmt.Fprintf(stderr, "pgratelimit: unknown command %q\n\n", args[0])
 	usage(stderr)

@@ -146,7 +146,7 @@ func TestUsageErrors(t *testing.T) {
 	code, _, stderr := pgrl("", "peek", "k")
 	require.Equal(t, 2, code)
 	require.Contains(t, stderr, "DATABASE_URL")
-	for _, cmd := range commands {
+	for _, cmd := range commands() {
 		code, stdout, _ := pgrl("", cmd.name, "--help")
 		require.Equal(t, 0, code, cmd.name)
 		require.Contains(t, stdout, "usage: pgratelimit "+cmd.name, cmd.name)

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+// errTimedOut is the cause of a command's context that passed its --timeout.
+var errTimedOut = errors.New("--timeout passed")
+
+// withTimeout returns ctx bounded by --timeout, for the command's database
+// work.
+func (f *flags) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if f.timeout <= 0 {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout, errTimedOut)
+	f.dbctx = ctx
+	return ctx, cancel
+}
+
+// prepare gives cc the connect timeout (--connect-timeout when set on the
+// command line, else the URL's connect_timeout if it has one, else the
+// default) and notes where it connects to and when it has.
+func (f *flags) prepare(cc *pgconn.Config) {
+	f.target = target(cc)
+	after := cc.AfterConnect
+	cc.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
+		f.connected.Store(true)
+		if after != nil {
+			return after(ctx, pc)
+		}
+		return nil
+	}
+	if !f.Changed("connect-timeout") && cc.ConnectTimeout != 0 {
+		f.connectTimeout, f.connectFrom = cc.ConnectTimeout, "connect_timeout in the URL"
+		return
+	}
+	cc.ConnectTimeout = f.connectTimeout
+}
+
+// url is --database-url, else $DATABASE_URL.
+func (f *flags) url() (string, error) {
+	u := f.databaseURL
+	if u == "" {
+		u = f.c.getenv("DATABASE_URL")
+	}
+	if u == "" {
+		return "", errors.New("no database: set --database-url or DATABASE_URL")
+	}
+	return u, nil
+}
+
+// connConfig parses the database URL, with the connect timeout set.
+func (f *flags) connConfig() (*pgx.ConnConfig, error) {
+	u, err := f.url()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(u)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	f.prepare(&cfg.Config)
+	return cfg, nil
+}
+
+// poolConfig parses the database URL as a pool's, with the connect timeout
+// set.
+func (f *flags) poolConfig() (*pgxpool.Config, error) {
+	u, err := f.url()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	f.prepare(&cfg.ConnConfig.Config)
+	return cfg, nil
+}
+
+func (f *flags) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := f.poolConfig()
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// grants says whether the command's limiter has grants: durable storage.
+func (f *flags) grants() bool { return f.storage == "durable" }
+
+// config is the limiter Config of the policy flags, checked in their terms
+// (the library would name Config fields instead).
+func (f *flags) config() (pgratelimit.Config, error) {
+	cfg := pgratelimit.Config{Prefix: f.prefix, Capacity: f.capacity, Refill: f.refill, Interval: f.interval}
+	switch f.storage {
+	case "durable":
+		cfg.Storage = pgratelimit.Durable
+		// The CLI sees and spends grants as a limiter with Config.Grants does,
+		// and records what it changes in the ledger.
+		cfg.Grants, cfg.Ledger = true, true
+	case "ephemeral":
+		cfg.Storage = pgratelimit.Ephemeral
+	default:
+		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
+	}
+	if !f.hasPolicy {
+		return cfg, nil
+	}
+	switch {
+	case f.prefix == "":
+		return cfg, usagef("--prefix must not be empty")
+	case f.capacity < 1:
+		return cfg, usagef("--capacity must be at least 1, got %d", f.capacity)
+	case f.refill < 1:
+		return cfg, usagef("--refill must be at least 1, got %d", f.refill)
+	case f.every != "":
+		if f.Changed("interval") {
+			return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
+		}
+		cal, err := f.calendar()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Calendar, cfg.Interval = cal, 0
+	case f.interval <= 0:
+		return cfg, usagef("--interval must be positive, got %s", f.interval)
+	case f.interval%time.Microsecond != 0:
+		return cfg, usagef("--interval must be a whole number of microseconds, got %s", f.interval)
+	}
+	return cfg, nil
+}
+
+// calendar reads --every, --tz and --anchor.
+func (f *flags) calendar() (pgratelimit.Calendar, error) {
+	var c pgratelimit.Calendar
+	switch f.every {
+	case "day":
+		c.Every = pgratelimit.Day
+	case "week":
+		c.Every = pgratelimit.Week
+	case "month":
+		c.Every = pgratelimit.Month
+	default:
+		return c, usagef("--every must be day, week or month, got %q", f.every)
+	}
+	loc, err := time.LoadLocation(f.tz)
+	if err != nil {
+		return c, usagef("--tz: no time zone %q in this system's tz database", f.tz)
+	}
+	c.Location = loc
+	if f.anchor != "" {
+		a, err := time.ParseInLocation(time.RFC3339Nano, f.anchor, loc)
+		if err != nil {
+			if a, err = time.ParseInLocation(time.DateOnly, f.anchor, loc); err != nil {
+				return c, usagef("--anchor must be an RFC 3339 time or a date (2026-01-17), got %q", f.anchor)
+			}
+		}
+		c.Anchor = a
+	}
+	return c, nil
+}
+
+// limiter opens a pool and a limiter of the policy flags; done closes the
+// pool.
+func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(), err error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := f.pool(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err = pgratelimit.New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return l, pool.Close, nil
+}
+
+// printJSON prints v as a line of JSON on stdout.
+func (f *flags) printJSON(v any) {
+	_ = json.NewEncoder(f.c.stdout).Encode(v)
+}
