@@ -16,6 +16,7 @@ type UsageError struct {
 	Msg string
 }
 
+// Error returns Msg.
 func (e UsageError) Error() string { return e.Msg }
 
 // Usagef returns a UsageError with a message formatted as by fmt.Sprintf.

@@ -1,0 +1,95 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/pflag"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// defaults are the options of the bench command with no flags.
+func defaults(t *testing.T) Options {
+	t.Helper()
+	var o Options
+	fs := pflag.NewFlagSet("bench", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	require.NoError(t, fs.Parse(nil))
+	return o
+}
+
+func TestConfig(t *testing.T) {
+	o := defaults(t)
+	cfg, err := o.Config()
+	require.NoError(t, err)
+	require.Equal(t, "bench", cfg.Prefix)
+	require.Equal(t, int64(1<<40), cfg.Capacity)
+	require.Equal(t, "ours-coalesce-durable", o.contender())
+	require.Equal(t, 64, o.conns())
+
+	for _, tc := range []struct {
+		change func(*Options)
+		want   string
+	}{
+		{func(o *Options) { o.Keys = 0 }, "--concurrency, --keys and --duration must be positive"},
+		{func(o *Options) { o.Limits = 3 }, "--limits must be 1 or 2, got 3"},
+		{func(o *Options) { o.Mode = "turbo" }, `--mode must be coalesce or per-check, got "turbo"`},
+		{func(o *Options) { o.Storage = "floppy" }, `--storage must be durable or ephemeral, got "floppy"`},
+		{func(o *Options) { o.Grants = -1 }, "--grants and --deny-cache must be at least 0"},
+		{func(o *Options) { o.Prefill = 5 }, "--prefill must be 0 or at least --keys (10000), got 5"},
+	} {
+		bad := defaults(t)
+		tc.change(&bad)
+		_, err := bad.Config()
+		var ue clierr.UsageError
+		require.True(t, errors.As(err, &ue), "%v", err)
+		require.Equal(t, tc.want, ue.Msg)
+	}
+}
+
+// A short run with a small bucket, two limits, grants, request IDs and a
+// prefill: the audit holds, every figure is there, and the scratch schema
+// is gone afterwards.
+func TestRun(t *testing.T) {
+	t.Parallel()
+	s := testdb.NewEmptySchema(t)
+	o := defaults(t)
+	o.Concurrency, o.Keys, o.Duration, o.Capacity, o.Refill, o.Interval = 4, 10, 500*time.Millisecond, 3, 1, time.Hour
+	o.Limits, o.Grants, o.RequestIDs, o.Prefill, o.Hold = 2, 2, true, 20, true
+	pcfg, err := pgxpool.ParseConfig(s.URL(t))
+	require.NoError(t, err)
+	var progress bytes.Buffer
+	rep, err := Run(context.Background(), o, Env{Pool: pcfg, Progress: &progress})
+	require.NoError(t, err)
+	require.True(t, rep.OK(), rep.Audit)
+	require.Equal(t, "ours-coalesce-durable-2limits-grants-requestids", rep.Contender)
+	require.Positive(t, rep.Allowed)
+	require.Positive(t, rep.Denied, "10 keys of 3 tokens and 2 credits each run out")
+	require.LessOrEqual(t, rep.Allowed, int64(10*(3+1+2)))
+	require.Positive(t, rep.ChecksPerSec)
+	require.Positive(t, rep.ClientUsPerCheck)
+	require.Equal(t, int64(20), rep.PrefillRows)
+	require.Positive(t, rep.TableBytes)
+	require.Equal(t, 2, rep.Limits)
+
+	var text bytes.Buffer
+	rep.WriteText(&text, o.Duration, o.Cost)
+	require.True(t, strings.HasPrefix(text.String(), "ours-coalesce-durable-2limits-grants-requestids: 4 in flight, 10 keys, 500ms, cost 1\n"), text.String())
+	require.Contains(t, text.String(), "  audit: ok\n")
+
+	var left int
+	pool := s.Pool(t, 1)
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgratelimit_bench_%'`).Scan(&left))
+	require.Zero(t, left, "the scratch schema is dropped")
+}

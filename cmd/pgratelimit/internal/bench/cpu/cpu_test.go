@@ -1,0 +1,68 @@
+package cpu
+
+import (
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+)
+
+func TestProcess(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	// Spend a little CPU, so that every figure has something to show.
+	for start := time.Now(); time.Since(start) < 50*time.Millisecond; {
+	}
+	if Self() <= 0 {
+		t.Fatal("Self: no CPU time")
+	}
+	st, ok := Process(os.Getpid())
+	if !ok {
+		t.Fatal("Process: cannot read this process")
+	}
+	if st.PPID != os.Getppid() {
+		t.Errorf("PPID %d, want %d", st.PPID, os.Getppid())
+	}
+	if st.Comm == "" {
+		t.Error("no command name")
+	}
+	if _, ok := Process(-1); ok {
+		t.Error("Process(-1) read something")
+	}
+	if busy, total := Machine(); busy <= 0 || total < busy {
+		t.Errorf("Machine: busy %s of %s", busy, total)
+	}
+	if _, ok := Postmaster(os.Getpid()); ok {
+		t.Error("Postmaster: the test's parent is not PostgreSQL")
+	}
+}
+
+func TestChildren(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	cmd := exec.Command("sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sleep command:", err)
+	}
+	found := false
+	for _, p := range ChildrenOf(os.Getpid()) {
+		found = found || p == cmd.Process.Pid
+	}
+	if !found {
+		t.Errorf("ChildrenOf: %d is not among this process's children", cmd.Process.Pid)
+	}
+	if Tree(os.Getpid()) < Self()/2 {
+		t.Error("Tree: less than this process's own CPU time")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if Exited(cmd.ProcessState) < 0 {
+		t.Error("Exited: negative")
+	}
+	if Exited(nil) != 0 {
+		t.Error("Exited(nil) is not 0")
+	}
+}

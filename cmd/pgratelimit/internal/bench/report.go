@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Report is a run's result: the line `pgratelimit bench --json` prints, and
+// what the peer harness reads of it.
+type Report struct {
+	Contender    string  `json:"contender"`
+	Conc         int     `json:"conc"`
+	Keys         int     `json:"keys"`
+	Secs         float64 `json:"secs"`
+	ChecksPerSec float64 `json:"checks_per_sec"`
+	P50ms        float64 `json:"p50_ms"`
+	P99ms        float64 `json:"p99_ms"`
+	MaxMs        float64 `json:"max_ms"`
+	Allowed      int64   `json:"allowed"`
+	Denied       int64   `json:"denied"`
+	Errors       int64   `json:"errors"`
+	Audit        string  `json:"audit"`
+	HotRatio     float64 `json:"hot_update_ratio"`
+	Updates      int64   `json:"updates"`
+	Limits       int     `json:"limits"`
+	Distributed  bool    `json:"distributed"`
+	// With --prefill: the rows put in the table before the run, and the
+	// table's and its indexes' size after.
+	PrefillRows int64 `json:"prefill_rows,omitempty"`
+	TableBytes  int64 `json:"table_bytes,omitempty"`
+	IndexBytes  int64 `json:"index_bytes,omitempty"`
+	// CPU time per check: this process's, and the database server's
+	// processes' when the server runs on this machine (0 otherwise).
+	ClientUsPerCheck float64 `json:"client_us_per_check"`
+	ServerUsPerCheck float64 `json:"server_us_per_check"`
+	// On Citus: the server CPU time per check of each node, the
+	// coordinator first (-1: not readable, a node not on this machine);
+	// ServerUsPerCheck is then their sum (0 unless all were read).
+	Nodes []NodeCPU `json:"nodes,omitempty"`
+}
+
+// NodeCPU is a Citus node's server CPU time per check.
+type NodeCPU struct {
+	Node       string  `json:"node"`
+	UsPerCheck float64 `json:"us_per_check"`
+}
+
+// OK says whether the run's exactness audit passed.
+func (r Report) OK() bool { return r.Audit == "ok" }
+
+// WriteText writes the report for people: throughput, latency, outcomes,
+// CPU per check, the audit, HOT updates and, after a prefill, the table's
+// size. duration and cost are the run's, as asked.
+func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
+	fmt.Fprintf(w, "%s: %d in flight, %d keys, %s, cost %d\n", r.Contender, r.Conc, r.Keys, duration, cost)
+	fmt.Fprintf(w, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", r.ChecksPerSec, r.P50ms, r.P99ms, r.MaxMs)
+	fmt.Fprintf(w, "  allowed %d   denied %d   errors %d\n", r.Allowed, r.Denied, r.Errors)
+	server := "n/a (not a local server)"
+	if r.ServerUsPerCheck > 0 {
+		server = fmt.Sprintf("%.1f", r.ServerUsPerCheck)
+	}
+	fmt.Fprintf(w, "  CPU per check: client %.1f µs, server %s µs\n", r.ClientUsPerCheck, server)
+	if len(r.Nodes) > 0 {
+		var parts []string
+		for _, n := range r.Nodes {
+			v := "n/a"
+			if n.UsPerCheck >= 0 {
+				v = fmt.Sprintf("%.1f", n.UsPerCheck)
+			}
+			parts = append(parts, n.Node+" "+v)
+		}
+		fmt.Fprintf(w, "  server CPU per check by node (µs): %s\n", strings.Join(parts, ", "))
+	}
+	fmt.Fprintf(w, "  audit: %s\n", r.Audit)
+	fmt.Fprintf(w, "  HOT updates: %.1f%% of %d\n", 100*r.HotRatio, r.Updates)
+	if r.PrefillRows > 0 {
+		fmt.Fprintf(w, "  prefilled %d rows: table %d MB, indexes %d MB\n", r.PrefillRows, r.TableBytes>>20, r.IndexBytes>>20)
+	}
+}

@@ -1,0 +1,280 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+// Env is what a run needs from the command that starts it.
+type Env struct {
+	// Pool is the database's pool configuration (with the command's
+	// connect timeout). Run sets its search_path to the scratch schema and
+	// its size to the run's.
+	Pool *pgxpool.Config
+	// Bound bounds the database work of setting up and of removing the
+	// scratch schema (the command's --timeout); nil: no bound.
+	Bound func(context.Context) (context.Context, context.CancelFunc)
+	// Progress receives the run's progress, redrawn each second, and the
+	// first error a check returned, if any.
+	Progress io.Writer
+}
+
+func (e Env) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if e.Bound == nil {
+		return ctx, func() {}
+	}
+	return e.Bound(ctx)
+}
+
+// Run runs the load o describes in a scratch schema of its own, created
+// (with the migrations, distributed on Citus, and prefilled when asked) and
+// dropped again, after an interrupt too, and reports what it measured. Its
+// errors about o are clierr.UsageErrors.
+func Run(ctx context.Context, o Options, env Env) (rep Report, err error) {
+	cfg, err := o.Config()
+	if err != nil {
+		return rep, err
+	}
+	s, err := createScratch(ctx, env, o, cfg)
+	if err != nil {
+		return rep, err
+	}
+	defer func() {
+		if derr := s.remove(ctx); err == nil {
+			err = derr
+		}
+	}()
+	pool, err := pgxpool.NewWithConfig(ctx, env.Pool)
+	if err != nil {
+		return rep, err
+	}
+	defer pool.Close() // (closed already after the load: see measure)
+	ch, err := newChecker(ctx, pool, cfg, o)
+	if err != nil {
+		return rep, err
+	}
+	defer ch.close(context.WithoutCancel(ctx))
+	stopProfile, err := startProfile(o.CPUProfile)
+	if err != nil {
+		return rep, err
+	}
+	defer stopProfile()
+	var nodes *workers
+	if s.distributed {
+		if nodes, err = connectWorkers(ctx, s.admin); err != nil {
+			return rep, fmt.Errorf("reading the Citus nodes: %w", err)
+		}
+		defer nodes.close(context.WithoutCancel(ctx))
+	}
+	ld, used, err := measure(ctx, env, o, pool, ch, nodes)
+	if err != nil {
+		return rep, err
+	}
+	rep = ld.report(o, s.distributed, used, nodes)
+	if e := ld.firstErr.Load(); e != nil {
+		fmt.Fprintf(env.Progress, "first error: %s\n", e)
+	}
+	rep.Audit = ld.audit(cfg, o.Grants)
+	if err := s.tableStats(ctx, &rep, o.Prefill > 0); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// startProfile starts this process's CPU profile into path, if not empty.
+func startProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	pf, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(pf); err != nil {
+		pf.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		pf.Close()
+	}, nil
+}
+
+// cpuUsed is the CPU time a run used: the client's (this process's), the
+// server's, and each Citus worker's (-1: not readable).
+type cpuUsed struct {
+	client, server time.Duration
+	serverRead     bool
+	nodes          []time.Duration
+}
+
+// measure runs the load between readings of the CPU time used so far, then
+// closes the pool, so that the backends exit and flush their statistics.
+func measure(ctx context.Context, env Env, o Options, pool *pgxpool.Pool, ch *checker, nodes *workers) (*load, cpuUsed, error) {
+	// What each key was allowed, for the audit. Touched before the CPU
+	// baselines: ten million keys are 80 MB of page faults.
+	ld := newLoad(o)
+	server := serverCPU(ctx, pool)
+	var nodes0 []time.Duration
+	if nodes != nil {
+		nodes0 = nodes.cpu(ctx)
+	}
+	client := cpuSelf()
+	stopProgress, err := ld.run(ctx, env.Progress, o, pool, ch)
+	if err != nil {
+		return nil, cpuUsed{}, err
+	}
+	used := cpuUsed{client: cpuSelf() - client, serverRead: server > 0}
+	stopProgress()
+	used.server = serverCPU(ctx, pool) - server
+	if nodes != nil {
+		for i, t := range nodes.cpu(ctx) {
+			if t == 0 || nodes0[i] == 0 {
+				used.nodes = append(used.nodes, -1) // not readable
+			} else {
+				used.nodes = append(used.nodes, t-nodes0[i])
+			}
+		}
+	}
+	pool.Close() // backends exit and flush their statistics
+	return ld, used, nil
+}
+
+// keyName is the name of key number k.
+func keyName(k int) string { return "key-" + strconv.Itoa(k) }
+
+// report sums up the load: throughput, latency percentiles, outcomes and
+// CPU time per check.
+func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers) Report {
+	all := slices.Concat(ld.lat...)
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) / 1000
+	}
+	rep := Report{
+		Contender: o.contender(),
+		Conc:      o.Concurrency, Keys: o.Keys, Secs: math.Round(o.Duration.Seconds()*10) / 10,
+		ChecksPerSec: math.Round(float64(len(all)) / ld.elapsed.Seconds()),
+		P50ms:        pct(0.50), P99ms: pct(0.99), MaxMs: pct(1),
+		Allowed: ld.allowed.Load(), Denied: ld.denied.Load(), Errors: ld.errs.Load(), Audit: "ok",
+		Limits: o.Limits, Distributed: distributed, PrefillRows: int64(o.Prefill),
+	}
+	n := float64(len(all))
+	if n == 0 {
+		return rep
+	}
+	perCheck := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/n) / 10 }
+	rep.ClientUsPerCheck = perCheck(used.client)
+	if used.serverRead {
+		rep.ServerUsPerCheck = perCheck(used.server)
+	}
+	if nodes == nil {
+		return rep
+	}
+	// On Citus: the coordinator's and each worker's, and server the
+	// cluster's sum when every node's could be read.
+	rep.Nodes = append(rep.Nodes, NodeCPU{Node: "coordinator", UsPerCheck: rep.ServerUsPerCheck})
+	readAll := used.serverRead
+	for i, d := range used.nodes {
+		nc := NodeCPU{Node: nodes.names[i], UsPerCheck: -1}
+		if d >= 0 {
+			nc.UsPerCheck = perCheck(d)
+			rep.ServerUsPerCheck += nc.UsPerCheck
+		} else {
+			readAll = false
+		}
+		rep.Nodes = append(rep.Nodes, nc)
+	}
+	if !readAll {
+		rep.ServerUsPerCheck = 0
+	}
+	rep.ServerUsPerCheck = math.Round(10*rep.ServerUsPerCheck) / 10
+	return rep
+}
+
+// audit checks exactness: no key may have been given more than a bucket
+// allows in the elapsed time (Capacity plus every refill, one more for the
+// edges, plus its grants). It returns "ok", or what failed.
+func (ld *load) audit(cfg pgratelimit.Config, grants int64) string {
+	bound := cfg.Capacity
+	if refills := int64(ld.elapsed/cfg.Interval) + 1; refills < (math.MaxInt64-cfg.Capacity-grants)/cfg.Refill {
+		bound = cfg.Capacity + refills*cfg.Refill + grants
+	}
+	for k := range ld.allowedCost {
+		if got := ld.allowedCost[k].Load(); got > bound {
+			return fmt.Sprintf("FAILED: %s was allowed %d tokens, more than the %d a bucket allows in %s", keyName(k), got, bound, ld.elapsed.Round(time.Millisecond))
+		}
+	}
+	return "ok"
+}
+
+// checker is what the workers call: one check of a key, through one limiter
+// or, with --limits 2, two in one AllowAll.
+type checker struct {
+	// l is the run's limiter (the first of two with --limits 2).
+	l *pgratelimit.Limiter
+	// check checks key and returns whether it was allowed.
+	check func(ctx context.Context, key string, cost int64) (bool, error)
+	// close releases what the limiters run on (a client of their own with
+	// --no-routing).
+	close func(ctx context.Context)
+}
+
+func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config, o Options) (*checker, error) {
+	ch := &checker{close: func(context.Context) {}}
+	newLimiter := func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) { return pgratelimit.New(pool, cfg) }
+	if o.NoRouting {
+		client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: cfg.CoalesceConns, DisableRouting: true})
+		if err != nil {
+			return nil, err
+		}
+		ch.close = func(ctx context.Context) { client.Close(ctx) }
+		newLimiter = func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) {
+			cfg.CoalesceConns = 0 // the client's
+			return client.NewLimiter(cfg)
+		}
+	}
+	l, err := newLimiter(cfg)
+	if err != nil {
+		ch.close(ctx)
+		return nil, err
+	}
+	ch.l = l
+	var ids atomic.Int64
+	ch.check = func(ctx context.Context, key string, cost int64) (bool, error) {
+		if o.RequestIDs {
+			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ids.Add(1), 10))
+		}
+		r, err := l.AllowN(ctx, key, cost)
+		return r.Allowed, err
+	}
+	if o.Limits == 2 {
+		dayCfg := cfg
+		dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
+		day, err := newLimiter(dayCfg)
+		if err != nil {
+			ch.close(ctx)
+			return nil, err
+		}
+		ch.check = func(ctx context.Context, key string, cost int64) (bool, error) {
+			m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}, pgratelimit.Charge{Limiter: day, Key: key, Cost: cost})
+			return m.Allowed, err
+		}
+	}
+	return ch, nil
+}
