@@ -257,8 +257,8 @@ func TestAllowAllSameBucketTwiceAndMixedStorages(t *testing.T) {
 }
 
 // Plans: limiters that share a Prefix share buckets. Moving a key to a bigger
-// plan keeps its tokens and refills up to the new capacity; back to the
-// smaller one clamps.
+// plan adds the difference of the capacities at once and refills up to the
+// new capacity; back to the smaller one clamps.
 func TestPlansShareBuckets(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -274,10 +274,10 @@ func TestPlansShareBuckets(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(6), r.Remaining)
 
-	// Upgrade: the 6 tokens are kept, and the next refill fills to 600.
+	// Upgrade: 6 + 590, then the next refill fills to 600.
 	r, err = plans["pro"].AllowN(ctx, "cust-1", 1)
 	require.NoError(t, err)
-	require.Equal(t, int64(5), r.Remaining, "the upgrade keeps the tokens")
+	require.Equal(t, int64(595), r.Remaining, "the upgrade adds the difference")
 	clock.Add(time.Minute)
 	r, err = plans["pro"].AllowN(ctx, "cust-1", 100)
 	require.NoError(t, err)

@@ -79,8 +79,8 @@ func TestGrantsSpillFromTheBucket(t *testing.T) {
 	require.Equal(t, pgratelimit.InfDuration, r.RetryAfter, "refills alone never give 11 of a bucket of 10")
 }
 
-// Grants are spent soonest-expiring first, never-expiring last; expired
-// grants are not spent nor counted.
+// Grants are spent soonest-expiring first, never-expiring last; a grant
+// whose expiry has passed is refused.
 func TestGrantsSoonestExpiringFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -93,13 +93,17 @@ func TestGrantsSoonestExpiringFirst(t *testing.T) {
 	for _, g := range []struct {
 		n   int64
 		exp time.Time
-	}{{5, t0.Add(time.Hour)}, {5, time.Time{}}, {5, t0.Add(10 * time.Minute)}, {4, t0.Add(-time.Minute)}} {
+	}{{5, t0.Add(time.Hour)}, {5, time.Time{}}, {5, t0.Add(10 * time.Minute)}} {
 		_, err := l.Grant(ctx, "k", g.n, g.exp)
 		require.NoError(t, err)
 	}
+	for _, exp := range []time.Time{t0.Add(-time.Minute), t0} {
+		_, err = l.Grant(ctx, "k", 4, exp)
+		require.ErrorIs(t, err, pgratelimit.ErrGrantExpired, "a grant expiring at %v", exp)
+	}
 	p, err := l.Peek(ctx, "k")
 	require.NoError(t, err)
-	require.Equal(t, int64(15), p.Granted, "the grant that expired a minute ago does not count")
+	require.Equal(t, int64(15), p.Granted, "the refused grants are not there")
 
 	r, err = l.AllowN(ctx, "k", 7)
 	require.NoError(t, err)
@@ -127,7 +131,7 @@ func TestGrantsSoonestExpiringFirst(t *testing.T) {
 	require.NoError(t, err)
 	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, n, int64(4))
+	require.GreaterOrEqual(t, n, int64(3))
 	after, err := l.Peek(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, before, after)

@@ -203,8 +203,9 @@ func TestRequestIDAllowAllAndTransactions(t *testing.T) {
 }
 
 // Settle an estimate to its actual cost: the difference back, or charged
-// beyond the estimate into a debt that refills repay; settling twice
-// changes nothing; every step in the ledger.
+// beyond the estimate into a debt that refills repay; settling again at the
+// same cost changes nothing and returns the first settlement, at another is
+// ErrRequestMismatch.
 func TestSettle(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -219,9 +220,11 @@ func TestSettle(t *testing.T) {
 	r, err := l.Settle(ctx, "k", "llm-1", 25)
 	require.NoError(t, err)
 	require.Equal(t, int64(75), r.Remaining, "15 back")
-	r, err = l.Settle(ctx, "k", "llm-1", 5)
+	again, err := l.Settle(ctx, "k", "llm-1", 25)
 	require.NoError(t, err)
-	require.Equal(t, int64(75), r.Remaining, "settled before: nothing changes")
+	require.Equal(t, r, again, "settled before: the first settlement's outcome")
+	_, err = l.Settle(ctx, "k", "llm-1", 5)
+	require.ErrorIs(t, err, pgratelimit.ErrRequestMismatch, "settled before at another cost")
 
 	require.True(t, est("llm-2", 70).Allowed)
 	r, err = l.Settle(ctx, "k", "llm-2", 90)

@@ -2,16 +2,20 @@ package pgratelimit
 
 import (
 	"context"
-	"math"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
-// Checks: what a check asks of which buckets, and how it is decided on the
-// buckets as read (no I/O here; the engine reads and writes them, the math is
-// bucket.go's). A request is one Allow, AllowN, Refund or AllowAll call; the
-// engine decides any number of them in one transaction, in order, each all or
-// nothing, exactly as one by one.
+// Checks: what a request asks of which buckets, and how the engine decides
+// it on the accounts as read (the account model, internal/account, owns what
+// every operation does to a balance; this file applies it and notes what to
+// write). A request is one Allow, AllowN, AllowAll, Refund, Debit, Settle,
+// Grant or Reset call; the engine decides any number of them in one
+// transaction, in order, each all or nothing, exactly as one by one.
 
 // row identifies a bucket: its table and primary key.
 type row struct {
@@ -29,49 +33,31 @@ func compareRows(a, b row) int {
 	return strings.Compare(a.key, b.key)
 }
 
-// charge is what a request takes from (or gives to) one bucket: the costs of
-// every Charge of that bucket added up, decided by the first one's policy.
+// charge is what a request does to one bucket: the costs of every Charge of
+// that bucket added up, decided by the first one's policy.
 type charge struct {
 	row       row
-	policy    policy
+	policy    account.Policy
 	cost      int64
-	grants    bool          // spend the key's grants after the bucket (Config.Grants)
-	ledger    bool          // write ledger rows (Config.Ledger)
+	grants    bool          // the key's grants are part of its account (Config.Grants)
+	ledger    bool          // write ledger entries (Config.Ledger)
 	retention time.Duration // how long the bucket remembers request IDs
 }
 
-// request is one check (or another change of buckets): one or more charges
-// decided together, all or nothing, and its outcome.
+// request is one call: one or more charges decided together, all or
+// nothing, and its outcome.
 type request struct {
 	ctx     context.Context
 	charges []charge // one per distinct bucket
 	of      []int    // Charge i of the call is charges[of[i]]; nil: one Charge
-	op      op
+	kind    account.Kind
 	id      string    // the request ID (WithRequestID); "" for none
-	actual  int64     // opSettle: the actual cost
-	expires time.Time // opGrant: the grant's expiry (zero: never)
+	actual  int64     // OpSettle: the actual cost
+	expires time.Time // OpGrant: the grant's expiry (zero: never)
 
-	out    MultiResult
-	err    error
-	grant  Grant // opGrant: the grant made
-	gained int64 // opSettle: what the balance gained (negative: charged beyond the estimate)
-}
-
-// op is what a request does to its buckets.
-type op int8
-
-const (
-	opTake   op = iota // a check: take the cost if the bucket (and grants) hold it
-	opGive             // Refund: add the cost, capped at Capacity
-	opDebit            // Debit, and a settlement past its estimate: take the cost, also below zero
-	opGrant            // Grant: a grant of the cost, beside the bucket
-	opReset            // Reset with Config.Ledger: the bucket full again
-	opSettle           // Settle: the charge of a request ID brought to its actual cost
-)
-
-// ledgerKind is the ledger's word for what op did.
-func (o op) ledgerKind() string {
-	return [...]string{opTake: "charge", opGive: "refund", opDebit: "debit", opGrant: "grant", opReset: "reset", opSettle: "settle"}[o]
+	out   MultiResult
+	err   error
+	grant Grant // OpGrant: the grant made
 }
 
 // rows returns the request's distinct rows.
@@ -83,61 +69,49 @@ func (q *request) rows() []row {
 	return rs
 }
 
-// decide applies q to the buckets as stored (brought to now by each charge's
-// policy) and, for charges with grants, to the key's grants, and records its
-// outcome; when it is allowed, stored and grants take the new state. A
-// denied request changes nothing, exactly as if the rows had been read from
-// the tables one check at a time.
-func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time.Time) {
-	results := make([]Result, len(q.charges))
-	var buf [2 * 4]bucket // next and loaded of up to 4 charges, without allocating
-	next, loaded := buf[:0:4], buf[4:4]
-	if len(q.charges) > 4 {
-		next, loaded = make([]bucket, 0, len(q.charges)), make([]bucket, 0, len(q.charges))
+// op is the account operation of q on charge c.
+func (q *request) op(c charge, grantID int64) account.Op {
+	op := account.Op{Kind: q.kind, Amount: c.cost, ID: q.id, Retention: c.retention,
+		GrantID: grantID, ExpiresAt: q.expires, Ledger: c.ledger}
+	if q.kind == account.OpSettle {
+		op.Amount = q.actual
 	}
-	next, loaded = next[:len(q.charges)], loaded[:len(q.charges)]
-	var spent [][]grant // the grants after each charge; nil unless a charge has grants
+	return op
+}
+
+// decide applies q to the accounts a holds, in order, all or nothing, and
+// records its outcome; when it is allowed, a's accounts take their new
+// state and a notes what to write besides them (records, ledger entries,
+// resets). A denied request, a replay and an error change nothing.
+func (a *attempt) decide(q *request) {
+	if err := a.replays(q); err != nil {
+		q.err = err
+		return
+	}
+	results := make([]Result, len(q.charges))
+	news := make([]account.State, len(q.charges))
+	changes := make([]account.Change, len(q.charges))
 	allowed := true
 	for i, c := range q.charges {
-		loaded[i] = c.policy.load(stored[c.row], now)
-		switch {
-		case q.op == opTake && c.grants:
-			if spent == nil {
-				spent = make([][]grant, len(q.charges))
-			}
-			next[i], spent[i], results[i] = c.policy.takeWithGrants(loaded[i], grants[c.row], now, c.cost)
-		case q.op == opTake:
-			next[i], results[i] = c.policy.take(loaded[i], now, c.cost)
-		default:
-			next[i], results[i] = c.policy.apply(q.op, loaded[i], now, c.cost)
-			if c.grants {
-				results[i].Granted = granted(grants[c.row], now)
-				if q.op == opGrant {
-					results[i].Granted = addSat(results[i].Granted, c.cost)
-				}
-			}
+		var err error
+		news[i], changes[i], err = account.Apply(c.policy, *a.state[c.row], a.now, q.op(c, a.grantID))
+		if err != nil {
+			q.err = requestError(err, q, c)
+			return
 		}
-		allowed = allowed && results[i].Allowed
+		allowed = allowed && changes[i].Allowed
 	}
 	var retry time.Duration
 	for i, c := range q.charges {
-		switch {
-		case !allowed && results[i].Allowed:
+		results[i] = resultOf(changes[i].Outcome)
+		if !allowed && changes[i].Allowed {
 			// This bucket had enough, another did not: nothing is taken.
-			results[i] = c.policy.result(loaded[i], now, c.cost, true)
-			if c.grants {
-				results[i].Granted = granted(grants[c.row], now)
-			}
-		case allowed && q.op != opReset && (q.op == opTake || !next[i].same(loaded[i])):
-			// (A refund to a full bucket, a grant, writes nothing: the row
-			// keeps meaning what it meant, e.g. a missing row stays
-			// missing. A reset deletes the row: see attempt.decide.)
-			stored[c.row] = next[i]
-			if spent != nil && spent[i] != nil {
-				grants[c.row] = spent[i]
-			}
+			results[i] = resultOf(account.Look(c.policy, *a.state[c.row], a.now, c.cost))
 		}
 		retry = max(retry, results[i].RetryAfter)
+		if allowed {
+			a.apply(q, c, news[i], changes[i])
+		}
 	}
 	q.out = MultiResult{Allowed: allowed, Results: results}
 	if !allowed {
@@ -151,19 +125,64 @@ func (q *request) decide(stored map[row]bucket, grants map[row][]grant, now time
 	}
 }
 
-// apply applies an op other than opTake to the loaded bucket b: it is always
-// allowed.
-func (p policy) apply(o op, b bucket, now time.Time, n int64) (bucket, Result) {
-	switch o {
-	case opGive:
-		return p.give(b, now, n)
-	case opDebit:
-		b.tokens = max(addSat(b.tokens, -n), -math.MaxInt64) // a debt; -MaxInt64 at most, so that it negates
-		r := p.result(b, now, 0, true)
-		b.expiresAt = p.expiry(b, now, r.ResetAfter)
-		return b, r
-	case opReset:
-		b = p.fresh(now)
+// replays checks that q's request ID names a request on all of its buckets
+// or on none: one call's ID on some of them is another call.
+func (a *attempt) replays(q *request) error {
+	if q.id == "" || len(q.charges) < 2 {
+		return nil
 	}
-	return b, p.result(b, now, 0, true)
+	n := 0
+	for _, c := range q.charges {
+		if rec, ok := a.state[c.row].Records[q.id]; ok && rec.Live(a.now) {
+			n++
+		}
+	}
+	if n > 0 && n < len(q.charges) {
+		return fmt.Errorf("%w: request %q names a call on %d of its %d buckets", ErrRequestMismatch, q.id, n, len(q.charges))
+	}
+	return nil
+}
+
+// apply makes ns, the state an allowed request left c's account in, the
+// account's, and notes what else to write.
+func (a *attempt) apply(q *request, c charge, ns account.State, ch account.Change) {
+	*a.state[c.row] = ns
+	if ch.Replayed {
+		if q.kind == account.OpGrant {
+			q.grant = grantOf(ch.Grant)
+		}
+		return
+	}
+	if ch.Record != nil {
+		a.records = append(a.records, recordWrite{row: c.row, id: q.id, rec: *ch.Record})
+	}
+	if ch.Reset {
+		a.resets = append(a.resets, c.row)
+	}
+	if q.kind == account.OpGrant {
+		q.grant = grantOf(ch.Grant)
+	}
+	if c.ledger {
+		for _, e := range ch.Entries {
+			a.ledger = append(a.ledger, []any{c.row.prefix, c.row.key, a.now, e.Amount, e.Kind.String(), q.id,
+				e.Balance, e.GrantsAmount, e.Granted})
+		}
+	}
+}
+
+// requestError is err of the account model for q on c, with what it was.
+func requestError(err error, q *request, c charge) error {
+	switch {
+	case errors.Is(err, account.ErrGrantExpired):
+		return fmt.Errorf("%w: expires %s, the check's clock reads later", ErrGrantExpired, q.expires.Format(time.RFC3339Nano))
+	case q.id != "":
+		return fmt.Errorf("%w: request %q on %s of prefix %q", err, q.id, quoteKey(c.row.key), c.row.prefix)
+	}
+	return err
+}
+
+// resultOf is the Result of an outcome of the account model.
+func resultOf(o account.Outcome) Result {
+	return Result{Allowed: o.Allowed, Limit: o.Limit, Remaining: o.Remaining, RetryAfter: o.RetryAfter,
+		ResetAfter: o.ResetAfter, Granted: o.Granted}
 }

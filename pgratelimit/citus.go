@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // citus is a Citus cluster with distributed bucket tables, through the
@@ -126,21 +127,22 @@ func citusGrants(s Storage, r row, a *attempt) []stmt {
 		sql = grantSQL.lockOneSkip
 	}
 	return []stmt{{sql: sql, args: []any{r.prefix, r.key}, scan: func(rs rowScanner) error {
-		var g grant
+		var g account.Grant
 		var exp *time.Time
 		r := row{storage: s}
 		for rs.Next() {
-			if err := rs.Scan(&r.prefix, &r.key, &g.id, &g.amount, &exp); err != nil {
+			if err := rs.Scan(&r.prefix, &r.key, &g.ID, &g.Amount, &exp, &g.Ledger); err != nil {
 				return err
 			}
-			if _, held := a.stored[r]; !held {
+			st, held := a.state[r]
+			if !held {
 				continue
 			}
-			g.expiresAt = time.Time{}
+			g.ExpiresAt = time.Time{}
 			if exp != nil {
-				g.expiresAt = *exp
+				g.ExpiresAt = *exp
 			}
-			a.read[r] = append(a.read[r], g)
+			st.Grants = append(st.Grants, g)
 		}
 		return rs.Err()
 	}}}

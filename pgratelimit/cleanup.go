@@ -200,7 +200,10 @@ func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
 	ts := []cleanupTable{
 		{name: DurableTable, dead: expired},
 		{name: EphemeralTable, dead: expired},
-		{name: GrantsTable, dead: func(now string) string { return "(amount = 0 OR expires_at <= " + now + ")" }},
+		// An expired grant of a limiter with a ledger stays until an
+		// operation on its key has written its "expire" row (and set its
+		// amount to 0).
+		{name: GrantsTable, dead: func(now string) string { return "(amount = 0 OR expires_at <= " + now + " AND NOT ledger)" }},
 		{name: RequestsTable, dead: expired, order: "ORDER BY expires_at"},
 	}
 	if ledgerRetention > 0 {

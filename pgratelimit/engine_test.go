@@ -247,7 +247,7 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 			{"lock", sql.many.lock, rows + ", NULL", true},
 			{"lockSkip", sql.many.lockSkip, rows + ", NULL", true},
 			{"relock", sql.many.relock, rows + ", " + horizons, false},
-			{"update", sql.many.update, rows + ", '{1,2}', " + times + ", " + times, true},
+			{"update", sql.many.update, rows + ", '{1,2}', " + times + ", " + times + ", '{5,5}'", true},
 		} {
 			name := fmt.Sprintf("s%d_%d", s, i)
 			if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+c.sql); err != nil {

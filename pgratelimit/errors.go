@@ -77,16 +77,11 @@ func (l *Limiter) validateCost(cost int64) error {
 	if l.cfg.Grants && cost >= 1 {
 		return nil
 	}
-	return l.p.validateCost(cost)
-}
-
-// validateCost checks a check's cost against the bucket's policy.
-func (p policy) validateCost(cost int64) error {
 	if cost < 1 {
 		return fmt.Errorf("%w: %d is below 1", ErrInvalidCost, cost)
 	}
-	if cost > p.capacity {
-		return fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsCapacity, cost, p.capacity)
+	if cost > l.p.Capacity {
+		return fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsCapacity, cost, l.p.Capacity)
 	}
 	return nil
 }

@@ -1,14 +1,14 @@
 package pgratelimit
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
-	"math"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // Grants: credits added to a key beyond its bucket, in any amount, with an
@@ -16,104 +16,48 @@ import (
 // ends on a date). The checks of a limiter with Config.Grants take from the
 // bucket first, then from the key's live grants, soonest-expiring first; a
 // denied check takes from neither. Each grant is a row of its own in
-// pgratelimit_grants (see GrantsTable), read and locked in the check's
-// transaction right after the bucket's row, in the same round trip.
+// pgratelimit_grants, read and locked in the check's transaction right after
+// the bucket's row, in the same round trip.
 
 // InfDuration is the RetryAfter of a check that refills alone can never
-// allow: its cost is above the bucket's Capacity plus the key's grants.
-const InfDuration = time.Duration(math.MaxInt64)
+// allow: its cost is above the bucket's Capacity plus the key's grants that
+// are still live then.
+const InfDuration = account.Inf
+
+// ErrGrantExpired is returned by Grant for an expiry that is not after the
+// check's clock (the database's, or Config.Clock): such a grant could never
+// be spent. Nothing is granted.
+var ErrGrantExpired = account.ErrGrantExpired
 
 // Grant is a grant of credits to a key.
 type Grant struct {
 	// ID identifies the grant among its key's.
 	ID int64
-	// Amount is what is left of it (as granted, for a new grant).
+	// Amount is what is left of it: for a new grant, the amount granted
+	// less the key's debt it repaid at once.
 	Amount int64
-	// ExpiresAt is when it expires; the zero time: never.
+	// ExpiresAt is when it expires, the first instant it is no longer
+	// spent; the zero time: never.
 	ExpiresAt time.Time
-	// GrantedAt is when it was granted, by the database's clock.
+	// GrantedAt is when it was granted, by the check's clock.
 	GrantedAt time.Time
 }
 
-// grant is a grant as a check reads it.
-type grant struct {
-	id        int64
-	amount    int64
-	expiresAt time.Time // zero: never
+func grantOf(g account.Grant) Grant {
+	return Grant{ID: g.ID, Amount: g.Amount, ExpiresAt: g.ExpiresAt, GrantedAt: g.GrantedAt}
 }
 
-// live says whether g can be spent at now.
-func (g grant) live(now time.Time) bool {
-	return g.amount > 0 && (g.expiresAt.IsZero() || now.Before(g.expiresAt))
-}
-
-// granted is the sum of gs's live amounts at now, saturating.
-func granted(gs []grant, now time.Time) int64 {
-	var sum int64
-	for _, g := range gs {
-		if g.live(now) {
-			sum = addSat(sum, g.amount)
-		}
-	}
-	return sum
-}
-
-// spend takes n from gs's live grants at now, in order (soonest-expiring
-// first, as read), and returns the grants afterwards: gs itself is not
-// changed. The caller has made sure they hold n.
-func spend(gs []grant, now time.Time, n int64) []grant {
-	out := make([]grant, len(gs))
-	copy(out, gs)
-	for i := range out {
-		if n == 0 {
-			break
-		}
-		if out[i].live(now) {
-			take := min(out[i].amount, n)
-			out[i].amount -= take
-			n -= take
-		}
-	}
-	return out
-}
-
-// takeWithGrants applies a check of cost to the loaded bucket b and the
-// key's grants gs: from the bucket first, the rest from the grants. When the
-// bucket and the live grants together hold less than cost, nothing is taken
-// and the Result says when refills alone would make up the difference
-// (assuming no grant expires meanwhile; InfDuration when they never can).
-func (p policy) takeWithGrants(b bucket, gs []grant, now time.Time, cost int64) (bucket, []grant, Result) {
-	g := granted(gs, now)
-	if b.tokens >= cost {
-		b, r := p.take(b, now, cost)
-		r.Granted = g
-		return b, gs, r
-	}
-	if b.tokens > math.MaxInt64-g || b.tokens+g < cost {
-		r := p.result(b, now, cost, false)
-		r.Granted = g
-		if need := cost - g; need > p.capacity {
-			r.RetryAfter = InfDuration
-		} else {
-			r.RetryAfter = p.untilTokens(b, now, need)
-		}
-		return b, gs, r
-	}
-	fromGrants := cost - b.tokens
-	if b.tokens > 0 {
-		b, _ = p.take(b, now, b.tokens)
-	}
-	r := p.result(b, now, cost, true)
-	r.Granted = g - fromGrants
-	return b, spend(gs, now, fromGrants), r
-}
-
-// Grant adds amount credits to key beyond its bucket, spent by the checks
-// of limiters with Config.Grants on this limiter's Prefix after the
-// bucket's tokens, soonest-expiring grant first. expiresAt is when the
-// grant expires, by the database's clock (or Config.Clock); the zero time
-// means never. amount must be >= 1 (ErrInvalidCost); the limiter must have
-// Config.Grants (ErrInvalidConfig), since no other would spend it.
+// Grant adds amount credits to key beyond its bucket, spent by the checks of
+// limiters with Config.Grants on this limiter's Prefix after the bucket's
+// tokens, soonest-expiring grant first (equal expiries in the order
+// granted). A key in debt (Settle, Debit) repays it from the grant at once.
+// expiresAt is when the grant expires, by the check's clock (the database's,
+// or Config.Clock): the grant is spent before that instant, not at it; the
+// zero time means never; an expiry not after the check's clock is
+// ErrGrantExpired. amount must be >= 1 (ErrInvalidCost); the limiter must
+// have Config.Grants (ErrInvalidConfig), since no other would spend it. With
+// a WithRequestID context the grant is made once per ID (a retry returns the
+// same Grant).
 func (l *Limiter) Grant(ctx context.Context, key string, amount int64, expiresAt time.Time) (Grant, error) {
 	q, err := l.grantRequest(ctx, key, amount, expiresAt)
 	if err != nil {
@@ -128,16 +72,21 @@ func (l *Limiter) Grant(ctx context.Context, key string, amount int64, expiresAt
 // GrantTx is Grant inside the caller's transaction tx: the grant exists
 // only if tx commits, so a purchase and its credits commit together.
 func (l *Limiter) GrantTx(ctx context.Context, tx pgx.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	return l.grantIn(ctx, pgxExecutor{tx}, key, amount, expiresAt)
+	var ex executor
+	if tx != nil {
+		ex = pgxExecutor{tx}
+	}
+	return l.grantIn(ctx, ex, key, amount, expiresAt)
 }
 
 // GrantSQLTx is GrantTx for a database/sql transaction, with any PostgreSQL
 // driver.
 func (l *Limiter) GrantSQLTx(ctx context.Context, tx *sql.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	if tx == nil {
-		return Grant{}, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	var ex executor
+	if tx != nil {
+		ex = sqlExecutor{tx}
 	}
-	return l.grantIn(ctx, sqlExecutor{tx}, key, amount, expiresAt)
+	return l.grantIn(ctx, ex, key, amount, expiresAt)
 }
 
 func (l *Limiter) grantIn(ctx context.Context, ex executor, key string, amount int64, expiresAt time.Time) (Grant, error) {
@@ -162,16 +111,20 @@ func (l *Limiter) grantRequest(ctx context.Context, key string, amount int64, ex
 	if amount < 1 {
 		return nil, fmt.Errorf("%w: grant %d is below 1", ErrInvalidCost, amount)
 	}
-	q, err := l.changeRequest(ctx, opGrant, key, amount)
+	if expiresAt.After(account.MaxTime) {
+		return nil, fmt.Errorf("%w: grant expiry %s is out of range", ErrInvalidConfig, expiresAt.Format(time.RFC3339))
+	}
+	q, err := l.changeRequest(ctx, account.OpGrant, key, amount)
 	if err != nil {
 		return nil, err
 	}
-	q.expires = expiresAt
+	q.expires = expiresAt.Truncate(time.Microsecond)
 	return q, nil
 }
 
-// Grants returns key's live grants (not spent, not expired), soonest-expiring
-// first.
+// Grants returns key's live grants (credits left, not expired), in the
+// order they are spent: soonest-expiring first, never-expiring last, equal
+// expiries in the order granted.
 func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
@@ -180,40 +133,45 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 		return nil, ErrClosed
 	}
 	defer l.client.gate.leave()
-	rows, err := l.client.pool.Query(ctx, grantSQL.list, l.cfg.Prefix, key, l.clock.param())
-	if err != nil {
+	var (
+		gs  []account.Grant
+		now time.Time
+	)
+	b := &pgx.Batch{}
+	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.param()).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&now)
+	})
+	b.Queue(grantSQL.list, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
+		var err error
+		gs, err = scanGrants(rows)
+		return err
+	})
+	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, dbError("list the grants of "+quoteKey(key), err)
 	}
-	var gs []Grant
+	slices.SortFunc(gs, account.CompareGrants)
+	var out []Grant
+	for _, g := range gs {
+		if g.Live(now) {
+			out = append(out, grantOf(g))
+		}
+	}
+	return out, nil
+}
+
+// scanGrants reads rows of grantSQL.list.
+func scanGrants(rows pgx.Rows) ([]account.Grant, error) {
+	var gs []account.Grant
 	for rows.Next() {
-		var g Grant
+		var g account.Grant
 		var exp *time.Time
-		if err := rows.Scan(&g.ID, &g.Amount, &exp, &g.GrantedAt); err != nil {
-			rows.Close()
-			return nil, dbError("list the grants of "+quoteKey(key), err)
+		if err := rows.Scan(&g.ID, &g.Amount, &exp, &g.GrantedAt, &g.Ledger); err != nil {
+			return nil, err
 		}
 		if exp != nil {
 			g.ExpiresAt = *exp
 		}
 		gs = append(gs, g)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, dbError("list the grants of "+quoteKey(key), err)
-	}
-	return gs, nil
-}
-
-// compareGrants orders grants as they are spent: soonest-expiring first,
-// never-expiring last, then as granted.
-func compareGrants(a, b grant) int {
-	switch {
-	case a.expiresAt.IsZero() != b.expiresAt.IsZero():
-		if a.expiresAt.IsZero() {
-			return 1
-		}
-		return -1
-	case !a.expiresAt.Equal(b.expiresAt):
-		return a.expiresAt.Compare(b.expiresAt)
-	}
-	return cmp.Compare(a.id, b.id)
+	return gs, rows.Err()
 }

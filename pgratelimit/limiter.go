@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -281,7 +282,7 @@ type Result struct {
 type Limiter struct {
 	client  *Client
 	cfg     Config
-	p       policy
+	p       account.Policy
 	clock   *clock     // nil: the database's
 	deny    *denyCache // nil: off (Config.DenyCacheSize)
 	log     *slog.Logger
@@ -334,11 +335,14 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 
 // policy is c's bucket policy: a grid of Interval, or c's Calendar with its
 // own anchor.
-func (c Config) policy() policy {
+func (c Config) policy() account.Policy {
+	p := account.Policy{Capacity: c.Capacity, Refill: c.Refill}
 	if c.Calendar != (Calendar{}) {
-		return policy{capacity: c.Capacity, refill: c.Refill, sched: c.Calendar.at(time.Time{})}
+		p.Schedule = c.Calendar.at(time.Time{})
+	} else {
+		p.Schedule = account.Grid(c.Interval)
 	}
-	return gridPolicy(c.Capacity, c.Refill, c.Interval)
+	return p
 }
 
 // WithAnchor returns a limiter that checks key's bucket on the calendar
@@ -359,7 +363,7 @@ func (l *Limiter) WithAnchor(anchor time.Time) *Limiter {
 	}
 	c := *l
 	c.cfg.Calendar.Anchor = anchor
-	c.p = c.cfg.policy()
+	c.p.Schedule = c.cfg.Calendar.at(anchor)
 	return &c
 }
 
@@ -414,8 +418,13 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, e
 }
 
 // Refund gives n tokens back to key's bucket, capped at Capacity: for example
-// when the work a check paid for did not happen. The Result reports the bucket
-// after the refund (Allowed is true). n must be >= 1 (ErrInvalidCost).
+// when the work a check paid for did not happen. A refund is not tied to a
+// charge, so it goes to the bucket even if the charge spent grants; to give
+// a charge's credits back where they came from (its grants first), settle
+// its request ID at the actual cost instead (Settle, 0 for all of it). With
+// a WithRequestID context the refund is made once per ID (that ID names the
+// refund, not a charge). The Result reports the bucket after the refund
+// (Allowed is true). n must be >= 1 (ErrInvalidCost).
 func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
@@ -423,14 +432,15 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 	if n < 1 {
 		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
 	}
-	l.client.forgetDenied(l.cfg.Prefix, key)
-	return l.change(ctx, opGive, key, n, "refund "+quoteKey(key))
+	return l.change(ctx, account.OpRefund, key, n, "refund "+quoteKey(key))
 }
 
 // Peek reports key's bucket as it is now without taking or writing anything.
-// Remaining is the tokens it holds, Granted the credits of the key's live
-// grants (Config.Grants), Allowed whether a check of cost 1 would be allowed,
-// and RetryAfter, when it would not, how long until it would.
+// Remaining is the tokens it holds (negative while the key owes), Granted
+// the credits of the key's live grants (Config.Grants), Allowed whether a
+// check of cost 1 would be allowed (the balance, tokens plus grants, covers
+// it), and RetryAfter, when it would not, how long until it would (counting
+// out grants that expire before then).
 func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
@@ -440,53 +450,45 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	}
 	defer l.client.gate.leave()
 	var (
-		tokens                *int64
-		refilledAt, expiresAt *time.Time
-		now                   time.Time
-		granted               int64
+		st         account.State
+		tokens     *int64
+		refilledAt *time.Time
+		expiresAt  *time.Time
+		capacity   *int64
+		now        time.Time
 	)
 	b := &pgx.Batch{}
 	b.Queue(l.cfg.Storage.statements().peek, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&tokens, &refilledAt, &expiresAt, &now)
+		return r.Scan(&tokens, &refilledAt, &expiresAt, &capacity, &now)
 	})
 	if l.cfg.Grants {
-		b.Queue(grantSQL.sum, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
-			return r.Scan(&granted)
+		b.Queue(grantSQL.list, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
+			var err error
+			st.Grants, err = scanGrants(rows)
+			return err
 		})
 	}
 	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
 		return Result{}, dbError("peek "+quoteKey(key), err)
 	}
-	bk := l.p.fresh(now)
 	if tokens != nil {
-		bk = l.p.load(bucket{tokens: *tokens, refilledAt: *refilledAt, expiresAt: *expiresAt}, now)
+		st.Bucket = account.Bucket{Tokens: *tokens, RefilledAt: *refilledAt, ExpiresAt: *expiresAt}
+		if capacity != nil {
+			st.Bucket.Capacity = *capacity
+		}
 	}
-	r := l.p.result(bk, now, 1, bk.tokens >= 1 || granted >= 1)
-	r.Granted = granted
-	return r, nil
+	return resultOf(account.Look(l.p, st, now, 1)), nil
 }
 
 // Reset makes key's bucket full again by deleting its row (its refills keep
-// falling on the limiter's schedule). With Config.Ledger it runs as a
-// transaction that also writes the ledger row.
+// falling on the limiter's schedule). The key's grants stay. With
+// Config.Ledger it writes a "reset" row.
 func (l *Limiter) Reset(ctx context.Context, key string) error {
 	if err := validateKey(key); err != nil {
 		return err
 	}
-	if l.cfg.Ledger {
-		// A transaction that records the reset in the ledger.
-		_, err := l.change(ctx, opReset, key, 0, "reset "+quoteKey(key))
-		return err
-	}
-	if !l.client.gate.enter() {
-		return ErrClosed
-	}
-	defer l.client.gate.leave()
-	l.client.forgetDenied(l.cfg.Prefix, key)
-	if _, err := l.client.pool.Exec(ctx, l.cfg.Storage.statements().remove, l.cfg.Prefix, key); err != nil {
-		return dbError("reset "+quoteKey(key), err)
-	}
-	return nil
+	_, err := l.change(ctx, account.OpReset, key, 0, "reset "+quoteKey(key))
+	return err
 }
 
 func (l *Limiter) row(key string) row {
@@ -502,10 +504,10 @@ func (l *Limiter) charge(key string, cost int64) charge {
 	return charge{row: l.row(key), policy: l.p, cost: cost, grants: l.cfg.Grants, ledger: l.cfg.Ledger, retention: retention}
 }
 
-// change runs a request of op on key (not a check: never coalesced), with
-// the request ID of ctx, and returns its result; op names it in errors.
-func (l *Limiter) change(ctx context.Context, o op, key string, n int64, what string) (Result, error) {
-	q, err := l.changeRequest(ctx, o, key, n)
+// change runs a request of kind on key (not a check: never coalesced), with
+// the request ID of ctx, and returns its result; what names it in errors.
+func (l *Limiter) change(ctx context.Context, kind account.Kind, key string, n int64, what string) (Result, error) {
+	q, err := l.changeRequest(ctx, kind, key, n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -516,14 +518,14 @@ func (l *Limiter) change(ctx context.Context, o op, key string, n int64, what st
 	return m.Results[0], nil
 }
 
-// changeRequest is the request of a change: op on key for n.
-func (l *Limiter) changeRequest(ctx context.Context, o op, key string, n int64) (*request, error) {
+// changeRequest is the request of a change: kind on key for n.
+func (l *Limiter) changeRequest(ctx context.Context, kind account.Kind, key string, n int64) (*request, error) {
 	id, err := requestID(ctx)
 	if err != nil {
 		return nil, err
 	}
 	l.client.forgetDenied(l.cfg.Prefix, key)
-	return &request{ctx: ctx, op: o, id: id, charges: []charge{l.charge(key, n)}}, nil
+	return &request{ctx: ctx, kind: kind, id: id, charges: []charge{l.charge(key, n)}}, nil
 }
 
 // quoteKey shortens and quotes a key for error messages.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // Charge is one bucket that AllowAll takes from: Cost tokens of Limiter's
@@ -83,7 +85,7 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 	if err != nil {
 		return nil, nil, err
 	}
-	q := &request{ctx: ctx, id: id, charges: make([]charge, 0, len(charges))}
+	q := &request{ctx: ctx, kind: account.OpCharge, id: id, charges: make([]charge, 0, len(charges))}
 	if len(charges) > 1 {
 		q.of = make([]int, len(charges))
 	}
@@ -111,14 +113,14 @@ func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, erro
 		}
 		if q.charges[j].cost > math.MaxInt64-c.Cost {
 			// Past int64, so past every capacity.
-			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to more than %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, int64(math.MaxInt64), l.p.capacity)
+			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to more than %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, int64(math.MaxInt64), l.p.Capacity)
 		}
 		q.charges[j].cost += c.Cost
 		if q.of != nil {
 			q.of[i] = j
 		}
-		if q.charges[j].cost > l.p.capacity && !q.charges[j].grants {
-			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.charges[j].cost, l.p.capacity)
+		if q.charges[j].cost > l.p.Capacity && !q.charges[j].grants {
+			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.charges[j].cost, l.p.Capacity)
 		}
 	}
 	return q, first, nil

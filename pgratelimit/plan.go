@@ -3,10 +3,11 @@ package pgratelimit
 import (
 	"context"
 	"errors"
-	"maps"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // The engine runs one transaction over any set of requests: one check of one
@@ -77,12 +78,14 @@ type plan struct {
 	mode  lockMode // of the first attempt
 	shape shape
 	clock any // the clock parameter, read once
-	// spendsGrants: a charge spends grants (Config.Grants), so the durable
-	// rows are locked with their grants (see statements.lockGrants).
+	// spendsGrants: a charge's account has grants (Config.Grants), so the
+	// durable rows are locked with their grants (see statements.lockGrants).
 	spendsGrants bool
 	// hasIDs: a request carries a request ID, so its request rows are read
 	// after the locks.
 	hasIDs bool
+	// grants: a request makes a grant, so a new grant ID is read first.
+	grants bool
 
 	rows      []row                    // distinct, in lock order
 	horizons  map[row]time.Duration    // of new rows (see statements.insert)
@@ -99,13 +102,14 @@ func newPlan(reqs []*request, set settings, own bool, mode lockMode) *plan {
 		horizons: make(map[row]time.Duration, len(reqs))}
 	for _, q := range reqs {
 		p.hasIDs = p.hasIDs || q.id != ""
+		p.grants = p.grants || q.kind == account.OpGrant
 		for _, c := range q.charges {
 			p.rows = append(p.rows, c.row)
 			p.spendsGrants = p.spendsGrants || c.grants
-			if _, ok := p.horizons[c.row]; !ok && q.op == opTake {
+			if _, ok := p.horizons[c.row]; !ok && q.kind == account.OpCharge {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
-				p.horizons[c.row] = c.policy.horizon(c.cost)
+				p.horizons[c.row] = c.policy.Horizon(c.cost)
 			}
 		}
 	}
@@ -133,30 +137,22 @@ func (p *plan) interval(r row) string {
 // attempt is one try of a plan, and what it has found so far.
 type attempt struct {
 	*plan
-	ctx    context.Context
-	mode   lockMode
-	stored map[row]bucket  // the rows locked, then as decided
-	orig   map[row]bucket  // the rows as locked
-	grants map[row][]grant // the grants of the rows locked (spendsGrants), then as decided
-	read   map[row][]grant // the grants as locked
-	now    time.Time       // the clock, after the locks
+	ctx   context.Context
+	mode  lockMode
+	state map[row]*account.State // the accounts locked, then as decided
+	orig  map[row]account.State  // the accounts as locked
+	now   time.Time              // the clock, after the locks
+	// grantID is the ID of a grant a request makes (grants).
+	grantID int64
 
 	// What the decisions write besides the buckets and grants.
-	ids    map[idKey]*idRecord // request rows read, and remembered by decisions (hasIDs)
-	idRows [][]any             // request rows to insert
-	ledger [][]any             // ledger rows to insert
-	extra  []stmt              // grants to insert, settlements
+	records []recordWrite // request records, new or settled
+	ledger  [][]any       // ledger rows
+	resets  []row         // rows to delete
 }
 
 func (p *plan) attempt(ctx context.Context, mode lockMode) *attempt {
-	a := &attempt{plan: p, ctx: ctx, mode: mode, stored: make(map[row]bucket, len(p.rows))}
-	if p.spendsGrants {
-		a.read = make(map[row][]grant)
-	}
-	if p.hasIDs {
-		a.ids = make(map[idKey]*idRecord)
-	}
-	return a
+	return &attempt{plan: p, ctx: ctx, mode: mode, state: make(map[row]*account.State, len(p.rows))}
 }
 
 // settingPairs are the names and values set right after BEGIN: of our own
@@ -185,6 +181,16 @@ func (a *attempt) open() []stmt {
 			stmts = append(stmts, a.set.dialect.set(set)...)
 		}
 		stmts = append(stmts, a.shape.guard(a)...)
+	}
+	if a.grants {
+		stmts = append(stmts, stmt{sql: grantSQL.nextID, args: []any{GrantsTable}, scan: func(rs rowScanner) error {
+			for rs.Next() {
+				if err := rs.Scan(&a.grantID); err != nil {
+					return err
+				}
+			}
+			return rs.Err()
+		}})
 	}
 	for s, part := range byStorage(a.rows) {
 		if a.mode != skipLockedNoInsert {
@@ -233,34 +239,44 @@ func (a *attempt) scanRows(s Storage, grants, placed bool) func(rowScanner) erro
 		// them to the heap.
 		var (
 			r          row
-			b          bucket
+			b          account.Bucket
+			capacity   *int64 // NULL: written by an older release
 			clock      time.Time
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
+			ledger     *bool
 		)
 		var here int64 // placements of the row's shard on this node
-		dest := []any{&r.prefix, &r.key, &b.tokens, &b.refilledAt, &b.expiresAt, &clock}
+		dest := []any{&r.prefix, &r.key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &clock}
 		if placed {
 			dest = append(dest, &here)
 		}
 		if grants {
-			dest = append(dest, &id, &amount, &exp)
+			dest = append(dest, &id, &amount, &exp, &ledger)
 		}
 		for rs.Next() {
-			r, b, id, amount, exp = row{storage: s}, bucket{}, nil, nil, nil
+			r, b, capacity, id, amount, exp, ledger = row{storage: s}, account.Bucket{}, nil, nil, nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
 			if placed && here != 1 {
 				return errShardMoved
 			}
-			a.stored[r] = b
+			if capacity != nil {
+				b.Capacity = *capacity
+			}
+			st := a.state[r]
+			if st == nil {
+				st = &account.State{}
+				a.state[r] = st
+			}
+			st.Bucket = b
 			if id != nil {
-				g := grant{id: *id, amount: *amount}
+				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
 				if exp != nil {
-					g.expiresAt = *exp
+					g.ExpiresAt = *exp
 				}
-				a.read[r] = append(a.read[r], g)
+				st.Grants = append(st.Grants, g)
 			}
 			// Rows are locked in order, so the last clock read is after
 			// every lock is held (or by a statement of its own after them,
@@ -281,7 +297,7 @@ func (a *attempt) scanRows(s Storage, grants, placed bool) func(rowScanner) erro
 func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 	missing := make(map[row]bool)
 	for _, r := range a.rows {
-		if _, ok := a.stored[r]; !ok {
+		if _, ok := a.state[r]; !ok {
 			missing[r] = true
 		}
 	}
@@ -301,7 +317,7 @@ func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 		if err := ex.pipeline(a.ctx, stmts); err != nil {
 			return nil, err
 		}
-		if len(a.stored) < len(a.rows) {
+		if len(a.state) < len(a.rows) {
 			return nil, errors.New("pgratelimit: upsert returned no row") // cannot happen
 		}
 		clear(missing)
@@ -310,14 +326,9 @@ func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 		a.now = a.clock.(time.Time)
 	}
 
-	a.orig = maps.Clone(a.stored)
-	if a.read != nil {
-		// Spent soonest-expiring first, never-expiring last.
-		a.grants = make(map[row][]grant, len(a.read))
-		for r, gs := range a.read {
-			slices.SortFunc(gs, compareGrants)
-			a.grants[r] = gs
-		}
+	a.orig = make(map[row]account.State, len(a.state))
+	for r, st := range a.state {
+		a.orig[r] = account.State{Bucket: st.Bucket, Grants: slices.Clone(st.Grants)}
 	}
 	blocked := missing
 	for _, q := range a.reqs {
@@ -332,34 +343,41 @@ func (a *attempt) decideAll(ex executor) (deferred []*request, err error) {
 			}
 			continue
 		}
-		q.err = nil
+		q.err, q.out = nil, MultiResult{}
 		a.decide(q)
 	}
 	return deferred, nil
 }
 
 // close returns the statements that end a: the UPDATE of the rows that
-// changed, and COMMIT in an own transaction.
+// changed, the grants, request records and ledger rows its decisions wrote,
+// the rows they reset, and COMMIT in an own transaction.
 func (a *attempt) close() []stmt {
 	var stmts []stmt
 	var changed []row
 	for _, r := range a.rows {
-		if b, ok := a.stored[r]; ok && !b.same(a.orig[r]) {
+		if st, ok := a.state[r]; ok && !st.Bucket.Same(a.orig[r].Bucket) && !slices.Contains(a.resets, r) {
 			changed = append(changed, r)
 		}
 	}
 	for s, part := range byStorage(changed) {
 		stmts = append(stmts, a.shape.update(s, part, a)...)
 	}
-	if spent := a.spent(); len(spent) > 0 {
-		stmts = append(stmts, a.shape.spend(spent)...)
+	if grants := a.grantRows(); len(grants) > 0 {
+		stmts = append(stmts, a.shape.values(grantSQL.write, grants, nil)...)
 	}
-	if len(a.idRows) > 0 {
-		stmts = append(stmts, a.shape.values(requestSQL.write, a.idRows, nil)...)
+	if len(a.records) > 0 {
+		vals := make([][]any, len(a.records))
+		for i, w := range a.records {
+			vals[i] = w.values()
+		}
+		stmts = append(stmts, a.shape.values(requestSQL.write, vals, nil)...)
 	}
-	stmts = append(stmts, a.extra...)
 	if len(a.ledger) > 0 {
 		stmts = append(stmts, a.shape.values(ledgerSQL.write, a.ledger, nil)...)
+	}
+	for _, r := range a.resets {
+		stmts = append(stmts, stmt{sql: r.storage.statements().remove, args: []any{r.prefix, r.key}})
 	}
 	if a.own {
 		stmts = append(stmts, stmt{sql: "COMMIT"})
@@ -367,24 +385,36 @@ func (a *attempt) close() []stmt {
 	return stmts
 }
 
-// spent is the grants whose amounts a's decisions changed, in lock order.
-func (a *attempt) spent() []spentGrant {
-	var out []spentGrant
+// grantRows are the grants whose amounts a's decisions changed, and the new
+// ones, as rows of grantSQL.write, in lock order.
+func (a *attempt) grantRows() [][]any {
+	var out [][]any
 	for _, r := range a.rows {
-		read := a.read[r]
-		for i, g := range a.grants[r] {
-			if g.amount != read[i].amount {
-				out = append(out, spentGrant{r, g})
+		st, ok := a.state[r]
+		if !ok {
+			continue
+		}
+		read := a.orig[r].Grants
+		for _, g := range st.Grants {
+			i := slices.IndexFunc(read, func(o account.Grant) bool { return o.ID == g.ID })
+			if i >= 0 && read[i].Amount == g.Amount {
+				continue
 			}
+			exp, ledger := "", int64(0)
+			if !g.ExpiresAt.IsZero() {
+				exp = g.ExpiresAt.UTC().Format(time.RFC3339Nano)
+			}
+			if g.Ledger {
+				ledger = 1
+			}
+			at := g.GrantedAt
+			if at.IsZero() {
+				at = a.now
+			}
+			out = append(out, []any{r.prefix, r.key, g.ID, g.Amount, exp, at, ledger})
 		}
 	}
 	return out
-}
-
-// spentGrant is a grant of row r whose amount a check changed.
-type spentGrant struct {
-	r row
-	g grant
 }
 
 // insertGuard bounds how long a coalesced batch's INSERT may wait for

@@ -2,28 +2,40 @@ package pgratelimit
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
-// Request IDs (idempotency keys): an allowed check that carries one leaves a
-// row in pgratelimit_requests, per bucket, in its own transaction, with the
-// outcome it got. A later check with the same ID on the same buckets finds
-// those rows (read in the statements that lock the buckets, so in the same
-// round trip) and returns that outcome without charging again. Every writer
-// of a bucket's request rows holds the bucket's row lock, so two checks with
-// one ID cannot both charge: the second waits for the first, then reads its
-// row.
+// Request IDs (idempotency keys): an allowed charge, debit, refund or grant
+// that carries one leaves a row in pgratelimit_requests, per bucket, in its
+// own transaction, with what it did and the outcome it got. A later request
+// with the same ID on the same bucket finds that row (read in the statements
+// that lock the buckets, so in the same round trip) and returns that outcome
+// without doing anything again, or ErrRequestMismatch if it asks for
+// something else. Every writer of a bucket's request rows holds the bucket's
+// row lock, so two requests with one ID cannot both apply: the second waits
+// for the first, then reads its row.
 
 // ErrInvalidRequestID is returned for a request ID that is empty, longer
 // than MaxRequestIDLen bytes, not valid UTF-8, or holds a NUL byte.
 var ErrInvalidRequestID = errors.New("pgratelimit: invalid request ID")
 
-// ErrUnknownRequest is returned by Settle when no allowed check with that
-// request ID is remembered for the key: it was never allowed, or it was
-// forgotten after Config.RequestIDRetention.
-var ErrUnknownRequest = errors.New("pgratelimit: no allowed check with this request ID is remembered for the key")
+// ErrUnknownRequest is returned by Settle when no allowed charge or debit
+// with that request ID is remembered for the key (it was never allowed, or
+// its Config.RequestIDRetention has passed), and by LookupRequest when no
+// request with that ID is.
+var ErrUnknownRequest = account.ErrUnknownRequest
+
+// ErrRequestMismatch is returned when a request ID is reused on a bucket for
+// another operation or another amount than the one it names (a charge of 5
+// retried as a charge of 6, a charge's ID given to a refund, a settlement
+// again at another actual cost, an AllowAll's ID on other buckets), as
+// payment APIs answer a reused idempotency key. Nothing is changed.
+var ErrRequestMismatch = account.ErrRequestMismatch
 
 // MaxRequestIDLen is the longest request ID, in bytes.
 const MaxRequestIDLen = 256
@@ -34,17 +46,20 @@ const DefaultRequestIDRetention = 24 * time.Hour
 
 type requestIDKey struct{}
 
-// WithRequestID returns a copy of ctx whose checks carry the request ID id:
-// an idempotency key that makes a retry safe. The first allowed check with
-// id on a bucket charges it and the database remembers the outcome (for
-// Config.RequestIDRetention); a later check with the same id on the same
+// WithRequestID returns a copy of ctx whose operations carry the request ID
+// id: an idempotency key that makes a retry safe. The first allowed charge
+// (AllowN, AllowAll, Wait), Debit, Refund or Grant with id on a bucket
+// applies and the database remembers what it did and its outcome (for
+// Config.RequestIDRetention); a later one with the same id on the same
 // bucket (a retry after a lost reply, a timeout, a crash) returns that
-// outcome and charges nothing, whichever process sends it, also when both run
-// at once. A denied check records nothing, so its retry is decided afresh;
-// in the caller's transaction (AllowNTx) the ID is used only if that
-// transaction commits. AllowAll with such a context records the ID for each
-// of its buckets: one ID names one call, with the same charges. Settle and
-// Debit take the ID from the context too.
+// outcome and changes nothing, whichever process sends it, also when both
+// run at once; one that asks for something else (another cost, another
+// operation) is ErrRequestMismatch. A denied check records nothing, so its
+// retry is decided afresh; in the caller's transaction (AllowNTx) the ID is
+// used only if that transaction commits. AllowAll with such a context
+// records the ID for each of its buckets: one ID names one call, with the
+// same charges. Settle names the charge it settles by its ID; Reset ignores
+// the ID (the ledger row carries it).
 func WithRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestIDKey{}, id)
 }
@@ -55,40 +70,170 @@ func requestID(ctx context.Context) (string, error) {
 	if !ok {
 		return "", nil
 	}
+	return checkRequestID(id)
+}
+
+func checkRequestID(id string) (string, error) {
 	if why := checkText(id, MaxRequestIDLen); why != "" {
 		return "", fmt.Errorf("%w: %s", ErrInvalidRequestID, why)
 	}
 	return id, nil
 }
 
-// idKey is a request ID on one bucket.
-type idKey struct {
-	r  row
-	id string
+// recordWrite is a request record to write: new, or just settled.
+type recordWrite struct {
+	row row
+	id  string
+	rec account.Record
 }
 
-// idRecord is what the first allowed check with an ID left on a bucket.
-type idRecord struct {
-	cost, remaining, granted int64
-	settled                  *int64
+// recordDetail is what a request row keeps in its detail column, JSON: the
+// parts of the record that have no column of their own.
+type recordDetail struct {
+	Limit      int64          `json:"l"`
+	ResetAfter time.Duration  `json:"r"`
+	Known      bool           `json:"k,omitempty"`
+	Bucket     int64          `json:"b,omitempty"`
+	Grants     []detailGrant  `json:"g,omitempty"`
+	Settlement *detailOutcome `json:"s,omitempty"`
+	Grant      *detailGrant   `json:"n,omitempty"`
 }
 
-// scanIDs reads request rows of storage s into a.ids.
+type detailGrant struct {
+	ID        int64      `json:"i"`
+	Amount    int64      `json:"a"`
+	ExpiresAt *time.Time `json:"e,omitempty"`
+	GrantedAt *time.Time `json:"t,omitempty"`
+	Ledger    bool       `json:"l,omitempty"`
+}
+
+type detailOutcome struct {
+	Limit      int64         `json:"l"`
+	Remaining  int64         `json:"m"`
+	Granted    int64         `json:"g"`
+	ResetAfter time.Duration `json:"r"`
+}
+
+func toDetailGrant(g account.Grant) detailGrant {
+	d := detailGrant{ID: g.ID, Amount: g.Amount, Ledger: g.Ledger}
+	if !g.ExpiresAt.IsZero() {
+		e := g.ExpiresAt.UTC()
+		d.ExpiresAt = &e
+	}
+	if !g.GrantedAt.IsZero() {
+		t := g.GrantedAt.UTC()
+		d.GrantedAt = &t
+	}
+	return d
+}
+
+func (d detailGrant) grant() account.Grant {
+	g := account.Grant{ID: d.ID, Amount: d.Amount, Ledger: d.Ledger}
+	if d.ExpiresAt != nil {
+		g.ExpiresAt = *d.ExpiresAt
+	}
+	if d.GrantedAt != nil {
+		g.GrantedAt = *d.GrantedAt
+	}
+	return g
+}
+
+// values are the columns of w's row in the requests table.
+func (w recordWrite) values() []any {
+	r := w.rec
+	d := recordDetail{Limit: r.Outcome.Limit, ResetAfter: r.Outcome.ResetAfter, Known: r.Spent.Known, Bucket: r.Spent.Bucket}
+	for _, g := range r.Spent.Grants {
+		d.Grants = append(d.Grants, toDetailGrant(g))
+	}
+	settled := int64(-1)
+	if r.Settled {
+		settled = r.Actual
+		s := r.Settlement
+		d.Settlement = &detailOutcome{Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter}
+	}
+	if r.Kind == account.OpGrant {
+		g := toDetailGrant(r.Grant)
+		d.Grant = &g
+	}
+	detail, _ := json.Marshal(d) // of plain numbers, times and slices: cannot fail
+	return []any{w.row.prefix, w.row.key, w.id, r.Kind.String(), r.Amount, r.Outcome.Remaining, r.Outcome.Granted,
+		settled, string(detail), r.CreatedAt, r.ExpiresAt}
+}
+
+// scanRecord reads a request row (after its prefix, key and ID) into a
+// record; a row of an older release (no detail) says nothing of where its
+// charge came from, and its Limit is limit.
+func scanRecord(rs rowScanner, dest []any, limit int64) (account.Record, error) {
+	var (
+		kind          string
+		cost, rem, gr int64
+		settled       *int64
+		detail        *string
+		created, exp  time.Time
+	)
+	if err := rs.Scan(append(dest, &kind, &cost, &rem, &gr, &settled, &detail, &created, &exp)...); err != nil {
+		return account.Record{}, err
+	}
+	r := account.Record{Kind: account.ParseKind(kind), Amount: cost, CreatedAt: created, ExpiresAt: exp,
+		Outcome: account.Outcome{Allowed: true, Limit: limit, Remaining: rem, Granted: gr}}
+	var d recordDetail
+	if detail != nil {
+		if err := json.Unmarshal([]byte(*detail), &d); err != nil {
+			return r, fmt.Errorf("pgratelimit: request row %q: %w", *detail, err)
+		}
+		r.Outcome.Limit, r.Outcome.ResetAfter = d.Limit, d.ResetAfter
+		r.Spent = account.Spent{Known: d.Known, Bucket: d.Bucket}
+		for _, g := range d.Grants {
+			r.Spent.Grants = append(r.Spent.Grants, g.grant())
+		}
+		if d.Grant != nil {
+			r.Grant = d.Grant.grant()
+		}
+	}
+	if settled != nil {
+		r.Settled, r.Actual = true, *settled
+		if s := d.Settlement; s != nil {
+			r.Settlement = account.Outcome{Allowed: true, Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter}
+		}
+	}
+	return r, nil
+}
+
+// scanIDs reads request rows of storage s into a's accounts.
 func (a *attempt) scanIDs(s Storage) func(rowScanner) error {
 	return func(rs rowScanner) error {
-		var (
-			k   idKey
-			rec idRecord
-		)
 		for rs.Next() {
-			k, rec = idKey{r: row{storage: s}}, idRecord{}
-			if err := rs.Scan(&k.r.prefix, &k.r.key, &k.id, &rec.cost, &rec.remaining, &rec.granted, &rec.settled); err != nil {
+			r, id := row{storage: s}, ""
+			rec, err := scanRecord(rs, []any{&r.prefix, &r.key, &id}, 0)
+			if err != nil {
 				return err
 			}
-			a.ids[k] = &rec
+			st := a.state[r]
+			if st == nil {
+				continue // a row this attempt does not hold
+			}
+			if rec.Outcome.Limit == 0 {
+				rec.Outcome.Limit = a.capacityOf(r)
+			}
+			if st.Records == nil {
+				st.Records = make(map[string]account.Record, 1)
+			}
+			st.Records[id] = rec
 		}
 		return rs.Err()
 	}
+}
+
+// capacityOf is the Capacity of the first charge of r among a's requests.
+func (a *attempt) capacityOf(r row) int64 {
+	for _, q := range a.reqs {
+		for _, c := range q.charges {
+			if c.row == r {
+				return c.policy.Capacity
+			}
+		}
+	}
+	return 0
 }
 
 // readIDs returns the statements that read the request rows of a's requests
@@ -112,162 +257,4 @@ func (a *attempt) readIDs() []stmt {
 		}
 	}
 	return stmts
-}
-
-// decide decides q on what a holds: a settlement by its request's record,
-// a check whose request ID was charged by the outcome it got then, anything
-// else by the buckets. It notes what the decision writes besides the
-// buckets: request rows, grants, ledger rows.
-func (a *attempt) decide(q *request) {
-	switch {
-	case q.op == opSettle:
-		a.settle(q)
-	case q.id != "" && a.replay(q):
-		return // charged before: nothing to write
-	default:
-		q.decide(a.stored, a.grants, a.now)
-	}
-	if q.err != nil || !q.out.Allowed {
-		return
-	}
-	if q.id != "" && (q.op == opTake || q.op == opDebit) {
-		a.remember(q)
-	}
-	switch q.op {
-	case opGrant:
-		a.extra = append(a.extra, a.grantStmt(q))
-	case opReset:
-		r := q.charges[0].row
-		a.extra = append(a.extra, stmt{sql: r.storage.statements().remove, args: []any{r.prefix, r.key}})
-	}
-	a.ledgerRows(q)
-}
-
-// replay gives q the outcome of the first allowed check with its ID, if
-// every bucket of q remembers one.
-func (a *attempt) replay(q *request) bool {
-	results := make([]Result, len(q.charges))
-	for i, c := range q.charges {
-		rec, ok := a.ids[idKey{c.row, q.id}]
-		if !ok {
-			return false
-		}
-		b := c.policy.load(a.stored[c.row], a.now)
-		results[i] = Result{Allowed: true, Limit: c.policy.capacity, Remaining: rec.remaining, Granted: rec.granted,
-			ResetAfter: c.policy.result(b, a.now, 0, true).ResetAfter}
-	}
-	q.out = MultiResult{Allowed: true, Results: results}
-	if q.of != nil {
-		q.out.Results = make([]Result, len(q.of))
-		for i, j := range q.of {
-			q.out.Results[i] = results[j]
-		}
-	}
-	return true
-}
-
-// remember records q's outcome under its ID, for each of its buckets: in a
-// (a later request of the same transaction with the ID replays it) and as
-// rows to insert.
-func (a *attempt) remember(q *request) {
-	for i, c := range q.charges {
-		r := q.out.Results[i]
-		if q.of != nil {
-			for k, j := range q.of {
-				if j == i {
-					r = q.out.Results[k]
-					break
-				}
-			}
-		}
-		a.ids[idKey{c.row, q.id}] = &idRecord{cost: c.cost, remaining: r.Remaining, granted: r.Granted}
-		retention := c.retention
-		a.idRows = append(a.idRows, []any{c.row.prefix, c.row.key, q.id, c.cost, r.Remaining, r.Granted, a.now, a.now.Add(retention)})
-	}
-}
-
-// settle brings the charge of q's request ID on its one bucket to q.actual:
-// the difference back (as a refund, capped at Capacity) or taken beyond the
-// estimate (as a debit, also below zero). A request settled before changes
-// nothing.
-func (a *attempt) settle(q *request) {
-	c := q.charges[0]
-	rec, ok := a.ids[idKey{c.row, q.id}]
-	if !ok {
-		q.err = fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, q.id, quoteKey(c.row.key), c.row.prefix)
-		return
-	}
-	diff := int64(0)
-	if rec.settled == nil {
-		diff = q.actual - rec.cost // within int64: both are >= 0
-		actual := q.actual
-		rec.settled = &actual
-		a.extra = append(a.extra, stmt{sql: requestSQL.settle, args: []any{c.row.prefix, c.row.key, q.id, q.actual}})
-	}
-	sub := &request{ctx: q.ctx, charges: []charge{c}, op: opGive}
-	switch {
-	case diff > 0:
-		sub.op, sub.charges[0].cost = opDebit, diff
-	case diff < 0:
-		sub.charges[0].cost = -diff
-	default:
-		sub.op, sub.charges[0].cost = opGive, 0
-	}
-	sub.decide(a.stored, a.grants, a.now)
-	q.out, q.gained = sub.out, -diff
-}
-
-// ledgerRows notes the ledger rows of q, allowed, for its charges of
-// limiters with Config.Ledger: what each balance gained, and the balance
-// (tokens plus live grants) afterwards.
-func (a *attempt) ledgerRows(q *request) {
-	for i, c := range q.charges {
-		if !c.ledger {
-			continue
-		}
-		r := q.out.Results[i]
-		if q.of != nil {
-			for k, j := range q.of {
-				if j == i {
-					r = q.out.Results[k]
-					break
-				}
-			}
-		}
-		var amount int64
-		switch q.op {
-		case opTake, opDebit:
-			amount = -c.cost
-		case opGive:
-			amount = r.Remaining - c.policy.load(a.orig[c.row], a.now).tokens // capped at Capacity
-		case opGrant:
-			amount = c.cost
-		case opSettle:
-			amount = q.gained
-		case opReset:
-			amount = r.Remaining - c.policy.load(a.orig[c.row], a.now).tokens
-		}
-		if amount == 0 && q.op != opTake {
-			continue
-		}
-		a.ledger = append(a.ledger, []any{c.row.prefix, c.row.key, a.now, amount, q.op.ledgerKind(), q.id, addSat(r.Remaining, r.Granted)})
-	}
-}
-
-// grantStmt is the INSERT of q's grant, which reads back its ID.
-func (a *attempt) grantStmt(q *request) stmt {
-	c := q.charges[0]
-	var exp any // NULL: never
-	if !q.expires.IsZero() {
-		exp = q.expires.UTC().Format(time.RFC3339Nano)
-	}
-	q.grant = Grant{Amount: c.cost, ExpiresAt: q.expires}
-	return stmt{sql: grantSQL.add, args: []any{c.row.prefix, c.row.key, c.cost, exp}, scan: func(rs rowScanner) error {
-		for rs.Next() {
-			if err := rs.Scan(&q.grant.ID, &q.grant.GrantedAt); err != nil {
-				return err
-			}
-		}
-		return rs.Err()
-	}}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // Routing on Citus: a statement on a distributed table sent to the
@@ -99,7 +100,7 @@ func (r *router) nodeOf(q *request) (*node, *routes) {
 	if time.Since(rt.loadedAt) > routeRefresh {
 		r.refresh()
 	}
-	if q.op != opTake || q.id != "" {
+	if q.kind != account.OpCharge || q.id != "" {
 		return nil, nil
 	}
 	var at string
@@ -354,12 +355,9 @@ func (d shardRows) relock(s Storage, rows []row, a *attempt) []stmt {
 
 func (d shardRows) update(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
-		b := a.stored[r]
-		return stmt{sql: d.table(s, r).update, args: []any{r.prefix, r.key, b.tokens, b.refilledAt, b.expiresAt}}
+		return stmt{sql: d.table(s, r).update, args: a.updateArgs(r)}
 	})
 }
-
-func (shardRows) spend(spent []spentGrant) []stmt { return oneRow{}.spend(spent) }
 
 func (shardRows) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
 	return oneRow{}.values(sql, rows, scan)

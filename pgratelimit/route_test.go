@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // A node's pool is the application's pool's configuration with the host and
@@ -66,22 +67,22 @@ func TestNodeOf(t *testing.T) {
 	rt := &routes{tables: [2]*shardMap{Durable: split}, stmts: map[int64]*statements{10: {}, 11: {}},
 		nodes: map[string]*node{"a:1": a, "b:1": b}, loadedAt: time.Now()}
 	r.routes.Store(rt)
-	q := func(op op, id string, cs ...charge) *request { return &request{op: op, id: id, charges: cs} }
+	q := func(kind account.Kind, id string, cs ...charge) *request { return &request{kind: kind, id: id, charges: cs} }
 	c := func(s Storage, key string) charge { return charge{row: row{storage: s, prefix: "p", key: key}} }
 	for _, tc := range []struct {
 		name string
 		q    *request
 		want *node
 	}{
-		{"one key", q(opTake, "", c(Durable, onA)), a},
-		{"the other node", q(opTake, "", c(Durable, onB)), b},
-		{"two keys, one node", q(opTake, "", c(Durable, onB), c(Durable, onB+"x")), nil},
-		{"two nodes", q(opTake, "", c(Durable, onA), c(Durable, onB)), nil},
-		{"no map of the table", q(opTake, "", c(Ephemeral, onA)), nil},
-		{"a request ID", q(opTake, "r1", c(Durable, onA)), nil},
-		{"a refund", q(opGive, "", c(Durable, onA)), nil},
-		{"grants", q(opTake, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, grants: true}), nil},
-		{"the ledger", q(opTake, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, ledger: true}), nil},
+		{"one key", q(account.OpCharge, "", c(Durable, onA)), a},
+		{"the other node", q(account.OpCharge, "", c(Durable, onB)), b},
+		{"two keys, one node", q(account.OpCharge, "", c(Durable, onB), c(Durable, onB+"x")), nil},
+		{"two nodes", q(account.OpCharge, "", c(Durable, onA), c(Durable, onB)), nil},
+		{"no map of the table", q(account.OpCharge, "", c(Ephemeral, onA)), nil},
+		{"a request ID", q(account.OpCharge, "r1", c(Durable, onA)), nil},
+		{"a refund", q(account.OpRefund, "", c(Durable, onA)), nil},
+		{"grants", q(account.OpCharge, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, grants: true}), nil},
+		{"the ledger", q(account.OpCharge, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, ledger: true}), nil},
 	} {
 		got, _ := r.nodeOf(tc.q)
 		if tc.name == "two keys, one node" {
@@ -99,7 +100,7 @@ func TestNodeOf(t *testing.T) {
 	rt2.tables[Durable] = whole("a:1")
 	rt2.stmts = map[int64]*statements{}
 	r.routes.Store(&rt2)
-	if got, _ := r.nodeOf(q(opTake, "", c(Durable, onA))); got != nil {
+	if got, _ := r.nodeOf(q(account.OpCharge, "", c(Durable, onA))); got != nil {
 		t.Error("a shard without statements (several placements) was routed")
 	}
 }

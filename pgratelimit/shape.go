@@ -17,8 +17,6 @@ type shape interface {
 	lock(s Storage, rows []row, a *attempt) []stmt
 	relock(s Storage, rows []row, a *attempt) []stmt
 	update(s Storage, rows []row, a *attempt) []stmt
-	// spend sets the amounts of the grants a check spent from.
-	spend(spent []spentGrant) []stmt
 	// values runs sql over rows of values (string, int64 and time.Time
 	// columns), reading what it returns with scan (nil: nothing).
 	values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt
@@ -61,17 +59,15 @@ func (oneRow) relock(s Storage, rows []row, a *attempt) []stmt {
 
 func (oneRow) update(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
-		b := a.stored[r]
-		return stmt{sql: s.statements().one.update, args: []any{r.prefix, r.key, b.tokens, b.refilledAt, b.expiresAt}}
+		return stmt{sql: s.statements().one.update, args: a.updateArgs(r)}
 	})
 }
 
-func (oneRow) spend(spent []spentGrant) []stmt {
-	stmts := make([]stmt, len(spent))
-	for i, sg := range spent {
-		stmts[i] = stmt{sql: grantSQL.spendOne, args: []any{sg.r.prefix, sg.r.key, sg.g.id, sg.g.amount}}
-	}
-	return stmts
+// updateArgs are the parameters of the one-row UPDATE of r's bucket as
+// decided.
+func (a *attempt) updateArgs(r row) []any {
+	b := a.state[r].Bucket
+	return []any{r.prefix, r.key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
 }
 
 func (oneRow) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
@@ -121,18 +117,10 @@ func (arrays) relock(s Storage, rows []row, a *attempt) []stmt {
 func (arrays) update(s Storage, rows []row, a *attempt) []stmt {
 	return []stmt{{sql: s.statements().many.update, args: []any{
 		prefixArray(rows), keyArray(rows),
-		int64Array(len(rows), func(i int) int64 { return a.stored[rows[i]].tokens }),
-		timeArray(len(rows), func(i int) time.Time { return a.stored[rows[i]].refilledAt }),
-		timeArray(len(rows), func(i int) time.Time { return a.stored[rows[i]].expiresAt }),
-	}}}
-}
-
-func (arrays) spend(spent []spentGrant) []stmt {
-	return []stmt{{sql: grantSQL.spendMany, args: []any{
-		textArray(len(spent), func(i int) string { return spent[i].r.prefix }),
-		textArray(len(spent), func(i int) string { return spent[i].r.key }),
-		int64Array(len(spent), func(i int) int64 { return spent[i].g.id }),
-		int64Array(len(spent), func(i int) int64 { return spent[i].g.amount }),
+		int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Tokens }),
+		timeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.RefilledAt }),
+		timeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
+		int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
 	}}}
 }
 

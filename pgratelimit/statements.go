@@ -101,20 +101,20 @@ func newStatements(t, extra string) statements {
 	// the statement holds.
 	grantsOf := func(b string) string {
 		return `
-LEFT JOIN LATERAL (SELECT id, amount, expires_at FROM ` + g + `
+LEFT JOIN LATERAL (SELECT id, amount, expires_at, ledger FROM ` + g + `
                    WHERE prefix = ` + b + `.prefix AND key = ` + b + `.key AND amount > 0 FOR UPDATE) g ON true`
 	}
-	const grantCols = `, g.id, g.amount, g.expires_at`
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, ` + dbClock3 + `%[2]s
+	const grantCols = `, g.id, g.amount, g.expires_at, g.ledger`
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, ` + dbClock3 + `%[2]s
 FROM ` + rows + ` AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at FROM ` + t + `
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
-	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at FROM ` + t + `
+	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
 	// lockFlat is lock1 without grants as Citus's fast path takes it: one
 	// table, no subquery.
-	lockFlat := `SELECT prefix, key, tokens, refilled_at, expires_at, ` + noClock3 + ` FROM ` + t + `
+	lockFlat := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, ` + noClock3 + ` FROM ` + t + `
 WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	variant := func(q, skip string, grants bool) string {
 		if grants {
@@ -131,11 +131,11 @@ WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 		return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, ` + clock
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + clock
 	}
 	relockGrants := func(values string) string {
 		return `WITH b AS (` + relock(values, dbClock4) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.clock` + grantCols + `
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 	}
 	valuesMany := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
@@ -154,9 +154,9 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 			lockSkipGrants: variant(lock, " SKIP LOCKED", true),
 			relock:         relock(valuesMany, dbClock4),
 			relockGrants:   relockGrants(valuesMany),
-			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[])
-     AS r(prefix, key, tokens, refilled_at, expires_at)
+			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
+     AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
 WHERE t.prefix = r.prefix AND t.key = r.key`,
 		},
 		one: tableStatements{
@@ -172,7 +172,7 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
 			relock:         relock(valuesOne, dbClock4+extra),
 			relockGrants:   relockGrants(valuesOne),
-			update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5 WHERE prefix = $1 AND key = $2`,
+			update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
 		},
 		// Only the locks differ from one's (citusRow inserts and updates
 		// with one's). Citus cannot plan the lateral join of grants:
@@ -182,7 +182,7 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 			lockSkip: variant(lockFlat, " SKIP LOCKED", false),
 			relock:   relock(valuesOne, noClock4),
 		},
-		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, COALESCE($3::timestamptz, clock_timestamp())
+		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
 	}
@@ -266,33 +266,39 @@ const GrantsTable = "pgratelimit_grants"
 // (which reads grants with the bucket rows, see lockGrants). A grant's
 // expires_at is NULL when it never expires.
 type grantStatements struct {
-	// spendOne and spendMany set the amounts of grants a check spent from.
-	spendOne, spendMany string
 	// lockOne and lockOneSkip read a key's grants, locked (lockGrants as a
 	// statement of its own, for Citus).
 	lockOne, lockOneSkip string
-	// add inserts a grant; list reads a key's live grants; sum adds up
-	// their amounts (saturating at int64).
-	add, list, sum string
+	// write sets the amounts of grants a transaction changed, making again
+	// those that a refund gives credits back to after cleanup deleted them
+	// spent, and inserting new ones: (prefix, key, id, amount, expires_at
+	// as text, '' for NULL, granted_at, ledger as 0 or 1).
+	write rowsSQL
+	// nextID reads a new grant's ID from the table's identity.
+	nextID string
+	// list reads a key's grants with credits left (live or not).
+	list string
 }
 
 var grantSQL = func() grantStatements {
 	t := pgx.Identifier{GrantsTable}.Sanitize()
-	lock := `SELECT prefix, key, id, amount, expires_at FROM ` + t + ` WHERE prefix = $1 AND key = $2 AND amount > 0 FOR UPDATE`
+	lock := `SELECT prefix, key, id, amount, expires_at, ledger FROM ` + t + ` WHERE prefix = $1 AND key = $2 AND amount > 0 FOR UPDATE`
 	return grantStatements{
 		lockOne:     lock,
 		lockOneSkip: lock + ` SKIP LOCKED`,
-		spendOne:    `UPDATE ` + t + ` SET amount = $4 WHERE prefix = $1 AND key = $2 AND id = $3`,
-		spendMany: `UPDATE ` + t + ` AS g SET amount = r.amount
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[]) AS r(prefix, key, id, amount)
-WHERE g.prefix = r.prefix AND g.key = r.key AND g.id = r.id`,
-		add: `INSERT INTO ` + t + ` (prefix, key, amount, expires_at) VALUES ($1, $2, $3, $4::text::timestamptz)
-RETURNING id, granted_at`,
-		list: `SELECT id, amount, expires_at, granted_at FROM ` + t + `
-WHERE prefix = $1 AND key = $2 AND amount > 0 AND (expires_at IS NULL OR expires_at > COALESCE($3::timestamptz, clock_timestamp()))
-ORDER BY expires_at NULLS LAST, id`,
-		sum: `SELECT LEAST(coalesce(sum(amount), 0), 9223372036854775807)::bigint FROM ` + t + `
-WHERE prefix = $1 AND key = $2 AND amount > 0 AND (expires_at IS NULL OR expires_at > COALESCE($3::timestamptz, clock_timestamp()))`,
+		write: rowsSQL{
+			one: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
+VALUES ($1, $2, $3, $4, NULLIF($5, '')::timestamptz, $6::text::timestamptz, $7 <> 0)
+ON CONFLICT (prefix, key, id) DO UPDATE SET amount = excluded.amount`,
+			many: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
+SELECT prefix, key, id, amount, NULLIF(exp, '')::timestamptz, at, ledger <> 0
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[], $5::text::text[],
+            $6::text::timestamptz[], $7::text::bigint[]) AS r(prefix, key, id, amount, exp, at, ledger)
+ON CONFLICT (prefix, key, id) DO UPDATE SET amount = excluded.amount`,
+		},
+		nextID: `SELECT nextval(pg_get_serial_sequence($1, 'id'))`,
+		list: `SELECT id, amount, expires_at, granted_at, ledger FROM ` + t + `
+WHERE prefix = $1 AND key = $2 AND amount > 0`,
 	}
 }()
 
@@ -308,41 +314,51 @@ const (
 type rowsSQL struct{ one, many string }
 
 // requestSQL and ledgerSQL are the statements of request IDs and the
-// ledger.
+// ledger. A request row holds its record (see record.go): kind, cost (the
+// amount), the first outcome's remaining and granted, settled (NULL, or the
+// actual cost), and the rest in detail, JSON.
 var requestSQL, ledgerSQL = func() (req struct {
 	read, write rowsSQL
-	settle      string
+	get         string
 }, led struct {
 	write rowsSQL
 	list  string
 }) {
 	r := pgx.Identifier{RequestsTable}.Sanitize()
 	l := pgx.Identifier{LedgerTable}.Sanitize()
+	const cols = `prefix, key, request_id, kind, cost, remaining, granted, settled, detail, created_at, expires_at`
 	req.read = rowsSQL{
-		one: `SELECT prefix, key, request_id, cost, remaining, granted, settled FROM ` + r + `
+		one: `SELECT ` + cols + ` FROM ` + r + `
 WHERE prefix = $1 AND key = $2 AND request_id = $3`,
-		many: `SELECT q.prefix, q.key, q.request_id, q.cost, q.remaining, q.granted, q.settled
+		many: `SELECT q.prefix, q.key, q.request_id, q.kind, q.cost, q.remaining, q.granted, q.settled, q.detail, q.created_at, q.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS x(prefix, key, request_id)
 JOIN ` + r + ` q ON q.prefix = x.prefix AND q.key = x.key AND q.request_id = x.request_id`,
 	}
+	req.get = req.read.one
+	const set = `ON CONFLICT (prefix, key, request_id) DO UPDATE SET kind = excluded.kind, cost = excluded.cost,
+    remaining = excluded.remaining, granted = excluded.granted, settled = excluded.settled, detail = excluded.detail,
+    created_at = excluded.created_at, expires_at = excluded.expires_at`
 	req.write = rowsSQL{
-		one: `INSERT INTO ` + r + ` (prefix, key, request_id, cost, remaining, granted, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7::text::timestamptz, $8::text::timestamptz) ON CONFLICT DO NOTHING`,
-		many: `INSERT INTO ` + r + ` (prefix, key, request_id, cost, remaining, granted, created_at, expires_at)
-SELECT * FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[], $5::text::bigint[],
-                     $6::text::bigint[], $7::text::timestamptz[], $8::text::timestamptz[])
-ON CONFLICT DO NOTHING`,
+		one: `INSERT INTO ` + r + ` (` + cols + `)
+VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, -1), $9, $10::text::timestamptz, $11::text::timestamptz)
+` + set,
+		many: `INSERT INTO ` + r + ` (` + cols + `)
+SELECT prefix, key, request_id, kind, cost, remaining, granted, NULLIF(settled, -1), detail, created_at, expires_at
+FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::bigint[],
+            $7::text::bigint[], $8::text::bigint[], $9::text::text[], $10::text::timestamptz[], $11::text::timestamptz[])
+     AS x(prefix, key, request_id, kind, cost, remaining, granted, settled, detail, created_at, expires_at)
+` + set,
 	}
-	req.settle = `UPDATE ` + r + ` SET settled = $4 WHERE prefix = $1 AND key = $2 AND request_id = $3`
 	led.write = rowsSQL{
-		one: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance)
-VALUES ($1, $2, $3::text::timestamptz, $4, $5, NULLIF($6, ''), $7)`,
-		many: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance)
-SELECT prefix, key, at, amount, kind, NULLIF(request_id, ''), balance
+		one: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
+VALUES ($1, $2, $3::text::timestamptz, $4, $5, NULLIF($6, ''), $7, $8, $9)`,
+		many: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
+SELECT prefix, key, at, amount, kind, NULLIF(request_id, ''), balance, grants_amount, granted
 FROM unnest($1::text::text[], $2::text::text[], $3::text::timestamptz[], $4::text::bigint[], $5::text::text[],
-            $6::text::text[], $7::text::bigint[]) AS x(prefix, key, at, amount, kind, request_id, balance)`,
+            $6::text::text[], $7::text::bigint[], $8::text::bigint[], $9::text::bigint[])
+     AS x(prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)`,
 	}
-	led.list = `SELECT id, at, amount, kind, COALESCE(request_id, ''), balance FROM ` + l + `
+	led.list = `SELECT id, at, amount, kind, COALESCE(request_id, ''), balance, grants_amount, COALESCE(granted, 0) FROM ` + l + `
 WHERE prefix = $1 AND key = $2 AND at >= $3::text::timestamptz ORDER BY at, id`
 	return req, led
 }()

@@ -21,7 +21,11 @@ import (
 // transaction as for any other. On an error the transaction is in a failed
 // state: roll it back.
 func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int64) (Result, error) {
-	return l.allowInTx(ctx, pgxExecutor{tx}, key, cost)
+	var ex executor
+	if tx != nil {
+		ex = pgxExecutor{tx}
+	}
+	return l.allowInTx(ctx, ex, key, cost)
 }
 
 // AllowNSQLTx is AllowNTx for a database/sql transaction, with any
@@ -30,10 +34,11 @@ func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int6
 // *sql.Tx as db.Begin().Statement.ConnPool.(*sql.Tx), bun as bun.Tx.Tx, and
 // sqlc code takes the *sql.Tx you begin yourself.
 func (l *Limiter) AllowNSQLTx(ctx context.Context, tx *sql.Tx, key string, cost int64) (Result, error) {
-	if tx == nil {
-		return Result{}, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	var ex executor
+	if tx != nil {
+		ex = sqlExecutor{tx}
 	}
-	return l.allowInTx(ctx, sqlExecutor{tx}, key, cost)
+	return l.allowInTx(ctx, ex, key, cost)
 }
 
 func (l *Limiter) allowInTx(ctx context.Context, ex executor, key string, cost int64) (Result, error) {
@@ -47,16 +52,21 @@ func (l *Limiter) allowInTx(ctx context.Context, ex executor, key string, cost i
 // AllowAllTx is AllowAll inside the caller's transaction tx: every charge is
 // spent only if tx commits. The rows stay locked until tx ends; see AllowNTx.
 func AllowAllTx(ctx context.Context, tx pgx.Tx, charges ...Charge) (MultiResult, error) {
-	return allowAllIn(ctx, pgxExecutor{tx}, "AllowAll in transaction", charges...)
+	var ex executor
+	if tx != nil {
+		ex = pgxExecutor{tx}
+	}
+	return allowAllIn(ctx, ex, "AllowAll in transaction", charges...)
 }
 
 // AllowAllSQLTx is AllowAllTx for a database/sql transaction (see
 // AllowNSQLTx).
 func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiResult, error) {
-	if tx == nil {
-		return MultiResult{}, fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	var ex executor
+	if tx != nil {
+		ex = sqlExecutor{tx}
 	}
-	return allowAllIn(ctx, sqlExecutor{tx}, "AllowAll in transaction", charges...)
+	return allowAllIn(ctx, ex, "AllowAll in transaction", charges...)
 }
 
 // allowAllIn runs the charges in the caller's transaction.
@@ -79,6 +89,9 @@ func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge
 // ex: its isolation, its lock_timeout, one row per statement whatever the
 // dialect. what names it in errors.
 func (l *Limiter) runIn(ctx context.Context, ex executor, q *request, what string) error {
+	if ex == nil {
+		return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	}
 	if !l.client.gate.enter() {
 		return ErrClosed
 	}

@@ -1,11 +1,10 @@
-package pgratelimit
+package account
 
 import (
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,7 +28,7 @@ var (
 	testZones = []*time.Location{time.UTC, berlin, newYork, lordHowe, apia, kwaj}
 )
 
-// modelList is a schedule's boundaries, enumerated: the models' view of a
+// modelList is a Schedule's boundaries, enumerated: the models' view of a
 // calendar.
 type modelList []time.Time
 
@@ -38,7 +37,7 @@ func (l modelList) search(t time.Time) int {
 }
 
 // floor is the latest boundary at or before t.
-func (l modelList) floor(t time.Time) time.Time {
+func (l modelList) Floor(t time.Time) time.Time {
 	i := l.search(t) - 1
 	if i < 0 {
 		panic(fmt.Sprintf("model: %v before the first boundary %v", t, l[0]))
@@ -62,7 +61,7 @@ func (l modelList) next(b time.Time) time.Time {
 // anchor's weekday, or each month's anchor day clamped to the month's last. A
 // boundary that is not after the previous one (a day the zone skipped) is
 // moved to a nanosecond after it.
-func modelBoundaries(c Calendar, key time.Time, from, to int) modelList {
+func modelBoundaries(c cal, key time.Time, from, to int) modelList {
 	loc := c.Location
 	if loc == nil {
 		loc = time.UTC
@@ -101,7 +100,7 @@ func modelBoundaries(c Calendar, key time.Time, from, to int) modelList {
 	return l
 }
 
-func describe(c Calendar, key time.Time) string {
+func describe(c cal, key time.Time) string {
 	s := fmt.Sprintf("%v in %v", c.Every, c.Location)
 	if !c.Anchor.IsZero() {
 		s += fmt.Sprintf(", anchor %v", c.Anchor.In(c.Location))
@@ -115,7 +114,7 @@ func describe(c Calendar, key time.Time) string {
 // checkAgainstModel compares floor, count and add of s with the enumerated
 // boundaries l at random times within them, at the boundaries and a
 // nanosecond around them.
-func checkAgainstModel(t *testing.T, name string, s schedule, l modelList, rng *rand.Rand) {
+func checkAgainstModel(t *testing.T, name string, s Schedule, l modelList, rng *rand.Rand) {
 	t.Helper()
 	for i := 1; i < len(l); i++ {
 		if !l[i].After(l[i-1]) {
@@ -137,24 +136,24 @@ func checkAgainstModel(t *testing.T, name string, s schedule, l modelList, rng *
 	}
 	for range 500 {
 		tt, i := randTime()
-		if got := s.floor(tt); !got.Equal(l[i]) {
+		if got := s.Floor(tt); !got.Equal(l[i]) {
 			t.Fatalf("%s: floor(%v) = %v, model %v", name, tt, got, l[i])
 		}
 		// count from a boundary, from a time between two (the boundaries
 		// after it count), and backwards.
 		u, j := randTime()
-		if got, want := s.count(l[i], u), int64(max(j-i, 0)); got != want {
+		if got, want := s.Count(l[i], u), int64(max(j-i, 0)); got != want {
 			t.Fatalf("%s: count(%v, %v) = %d, model %d", name, l[i], u, got, want)
 		}
-		if got, want := s.count(tt, u), int64(max(j-i, 0)); got != want {
+		if got, want := s.Count(tt, u), int64(max(j-i, 0)); got != want {
 			t.Fatalf("%s: count(%v, %v) = %d, model %d", name, tt, u, got, want)
 		}
 		n := rng.IntN(len(l) - 1 - i)
-		if got := s.add(l[i], int64(n)); !got.Equal(l[i+n]) {
+		if got := s.Add(l[i], int64(n)); !got.Equal(l[i+n]) {
 			t.Fatalf("%s: add(%v, %d) = %v, model %v", name, l[i], n, got, l[i+n])
 		}
 		if n > 0 {
-			if got := s.add(tt, int64(n)); !got.Equal(l[i+n]) {
+			if got := s.Add(tt, int64(n)); !got.Equal(l[i+n]) {
 				t.Fatalf("%s: add(%v, %d) = %v, model %v", name, tt, n, got, l[i+n])
 			}
 		}
@@ -186,8 +185,8 @@ func TestCalendarAgainstModel(t *testing.T) {
 			for i, anchor := range anchors {
 				// Each anchor both as the calendar's and as a key's (over
 				// another calendar anchor, which it replaces).
-				abs := Calendar{Every: every, Location: loc, Anchor: anchor}
-				perKey := Calendar{Every: every, Location: loc, Anchor: anchors[(i+1)%len(anchors)]}
+				abs := cal{Every: every, Location: loc, Anchor: anchor}
+				perKey := cal{Every: every, Location: loc, Anchor: anchors[(i+1)%len(anchors)]}
 				if anchor.IsZero() {
 					perKey.Anchor = time.Time{}
 				}
@@ -201,12 +200,12 @@ func TestCalendarAgainstModel(t *testing.T) {
 
 func TestCalendarFacts(t *testing.T) {
 	day := func(loc *time.Location, y int, m time.Month, d int) time.Duration {
-		s := Calendar{Every: Day, Location: loc}.at(time.Time{})
+		s := cal{Every: Day, Location: loc}.at(time.Time{})
 		b := time.Date(y, m, d, 0, 0, 0, 0, loc)
-		if !s.floor(b).Equal(b) {
+		if !s.Floor(b).Equal(b) {
 			t.Fatalf("%v is not a boundary", b)
 		}
-		return s.add(b, 1).Sub(b)
+		return s.Add(b, 1).Sub(b)
 	}
 	for _, c := range []struct {
 		loc  *time.Location
@@ -231,49 +230,49 @@ func TestCalendarFacts(t *testing.T) {
 
 	// Apia went from UTC-10 to UTC+14 after 29 December 2011: 31 December
 	// began 24 hours after the 29th did.
-	a := Calendar{Every: Day, Location: apia}.at(time.Time{})
+	a := cal{Every: Day, Location: apia}.at(time.Time{})
 	b29 := time.Date(2011, 12, 29, 0, 0, 0, 0, apia)
-	if got := a.add(b29, 2); !got.Equal(time.Date(2011, 12, 31, 0, 0, 0, 0, apia)) || got.Sub(b29) != 24*time.Hour {
+	if got := a.Add(b29, 2); !got.Equal(time.Date(2011, 12, 31, 0, 0, 0, 0, apia)) || got.Sub(b29) != 24*time.Hour {
 		t.Errorf("Apia: %v", got)
 	}
-	if got := a.count(b29, b29.Add(time.Hour)); got != 1 {
+	if got := a.Count(b29, b29.Add(time.Hour)); got != 1 {
 		t.Errorf("Apia: %d boundaries in the hour after the 29th's, want the 30th's", got)
 	}
 
 	// Months anchored on the 31st: the last day of short months, back to
 	// the 31st after them; February has 29 days in 2000, 2024 and 2028,
 	// not in 1900 or 2100.
-	s := Calendar{Every: Month, Anchor: time.Date(2000, 1, 31, 0, 0, 0, 0, time.UTC)}.at(time.Time{})
-	b := s.floor(time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC))
+	s := cal{Every: Month, Anchor: time.Date(2000, 1, 31, 0, 0, 0, 0, time.UTC)}.at(time.Time{})
+	b := s.Floor(time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC))
 	for i, want := range []string{"2028-01-31", "2028-02-29", "2028-03-31", "2028-04-30", "2028-05-31"} {
-		if got := s.add(b, int64(i)).Format(time.DateOnly); got != want {
+		if got := s.Add(b, int64(i)).Format(time.DateOnly); got != want {
 			t.Errorf("month %d after Jan 31 2028: %s, want %s", i, got, want)
 		}
 	}
 	for y, want := range map[int]int{1900: 28, 2000: 29, 2024: 29, 2026: 28, 2100: 28, 2400: 29} {
-		if got := s.floor(time.Date(y, 3, 1, 0, 0, 0, 0, time.UTC)).Day(); got != want {
+		if got := s.Floor(time.Date(y, 3, 1, 0, 0, 0, 0, time.UTC)).Day(); got != want {
 			t.Errorf("February %d: boundary on the %d, want %d", y, got, want)
 		}
 	}
 
 	// Weeks: Mondays at midnight by default; a weekday from the anchor.
-	w := Calendar{Every: Week, Location: berlin}.at(time.Time{})
-	if got := w.floor(time.Date(2026, 5, 17, 23, 0, 0, 0, berlin)); !got.Equal(time.Date(2026, 5, 11, 0, 0, 0, 0, berlin)) {
+	w := cal{Every: Week, Location: berlin}.at(time.Time{})
+	if got := w.Floor(time.Date(2026, 5, 17, 23, 0, 0, 0, berlin)); !got.Equal(time.Date(2026, 5, 11, 0, 0, 0, 0, berlin)) {
 		t.Errorf("week: %v", got)
 	}
-	w = Calendar{Every: Week, Location: berlin}.at(time.Date(2020, 1, 3, 9, 0, 0, 0, berlin)) // a Friday
-	if got := w.add(w.floor(time.Date(2026, 5, 17, 0, 0, 0, 0, berlin)), 1); !got.Equal(time.Date(2026, 5, 22, 9, 0, 0, 0, berlin)) {
+	w = cal{Every: Week, Location: berlin}.at(time.Date(2020, 1, 3, 9, 0, 0, 0, berlin)) // a Friday
+	if got := w.Add(w.Floor(time.Date(2026, 5, 17, 0, 0, 0, 0, berlin)), 1); !got.Equal(time.Date(2026, 5, 22, 9, 0, 0, 0, berlin)) {
 		t.Errorf("key's week: %v", got)
 	}
 
 	// The anchor is read in Location: midnight UTC is 01:00 in Berlin.
-	c := Calendar{Every: Day, Location: berlin, Anchor: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}.at(time.Time{})
-	if got := c.floor(time.Date(2026, 1, 10, 12, 0, 0, 0, berlin)); !got.Equal(time.Date(2026, 1, 10, 1, 0, 0, 0, berlin)) {
+	c := cal{Every: Day, Location: berlin, Anchor: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}.at(time.Time{})
+	if got := c.Floor(time.Date(2026, 1, 10, 12, 0, 0, 0, berlin)); !got.Equal(time.Date(2026, 1, 10, 1, 0, 0, 0, berlin)) {
 		t.Errorf("anchor read in Location: %v", got)
 	}
 	// ... to the microsecond.
-	c = Calendar{Every: Day, Anchor: time.Date(2026, 1, 1, 0, 0, 0, 1999, time.UTC)}.at(time.Time{})
-	if got := c.floor(t0); got.Nanosecond() != 1000 {
+	c = cal{Every: Day, Anchor: time.Date(2026, 1, 1, 0, 0, 0, 1999, time.UTC)}.at(time.Time{})
+	if got := c.Floor(t0); got.Nanosecond() != 1000 {
 		t.Errorf("anchor's nanoseconds: %v", got)
 	}
 }
@@ -281,7 +280,7 @@ func TestCalendarFacts(t *testing.T) {
 // fuzzCalendar is a calendar that FuzzRefillMath runs checks on, from start,
 // the clock moving in tenths of unit, and its enumerated boundaries.
 type fuzzCalendar struct {
-	cal   Calendar
+	cal   cal
 	key   time.Time // the key's anchor, or zero
 	start time.Time
 	unit  time.Duration
@@ -300,19 +299,19 @@ func (fc *fuzzCalendar) model(t *testing.T) modelList {
 }
 
 var fuzzCalendars = []*fuzzCalendar{
-	{cal: Calendar{Every: Day}, start: t0, unit: 24 * time.Hour},
-	{cal: Calendar{Every: Day, Location: berlin, Anchor: time.Date(2026, 3, 29, 2, 30, 0, 0, berlin)},
+	{cal: cal{Every: Day}, start: t0, unit: 24 * time.Hour},
+	{cal: cal{Every: Day, Location: berlin, Anchor: time.Date(2026, 3, 29, 2, 30, 0, 0, berlin)},
 		start: time.Date(2026, 3, 20, 0, 0, 0, 0, berlin), unit: 24 * time.Hour},
-	{cal: Calendar{Every: Day, Location: lordHowe}, key: time.Date(2026, 10, 4, 2, 10, 0, 0, lordHowe),
+	{cal: cal{Every: Day, Location: lordHowe}, key: time.Date(2026, 10, 4, 2, 10, 0, 0, lordHowe),
 		start: time.Date(2026, 9, 30, 0, 0, 0, 0, lordHowe), unit: 24 * time.Hour},
-	{cal: Calendar{Every: Day, Location: apia}, start: time.Date(2011, 12, 26, 0, 0, 0, 0, apia), unit: 24 * time.Hour},
-	{cal: Calendar{Every: Week, Location: newYork, Anchor: time.Date(2026, 11, 1, 1, 30, 0, 0, newYork)},
+	{cal: cal{Every: Day, Location: apia}, start: time.Date(2011, 12, 26, 0, 0, 0, 0, apia), unit: 24 * time.Hour},
+	{cal: cal{Every: Week, Location: newYork, Anchor: time.Date(2026, 11, 1, 1, 30, 0, 0, newYork)},
 		start: time.Date(2026, 10, 1, 0, 0, 0, 0, newYork), unit: 7 * 24 * time.Hour},
-	{cal: Calendar{Every: Month, Location: berlin}, key: time.Date(2024, 1, 31, 0, 0, 0, 0, berlin),
+	{cal: cal{Every: Month, Location: berlin}, key: time.Date(2024, 1, 31, 0, 0, 0, 0, berlin),
 		start: time.Date(2027, 12, 1, 0, 0, 0, 0, berlin), unit: 30 * 24 * time.Hour},
-	{cal: Calendar{Every: Month, Location: lordHowe, Anchor: time.Date(2026, 1, 29, 2, 15, 0, 0, lordHowe)},
+	{cal: cal{Every: Month, Location: lordHowe, Anchor: time.Date(2026, 1, 29, 2, 15, 0, 0, lordHowe)},
 		start: time.Date(2026, 1, 1, 0, 0, 0, 0, lordHowe), unit: 30 * 24 * time.Hour},
-	{cal: Calendar{Every: Month, Location: newYork}, start: time.Date(2099, 12, 1, 0, 0, 0, 0, newYork), unit: 30 * 24 * time.Hour},
+	{cal: cal{Every: Month, Location: newYork}, start: time.Date(2099, 12, 1, 0, 0, 0, 0, newYork), unit: 30 * 24 * time.Hour},
 }
 
 // A bucket under a calendar against the step-by-step model, over random
@@ -333,36 +332,19 @@ func TestBucketCalendarAgainstModel(t *testing.T) {
 				}
 			}
 			t.Run(fmt.Sprintf("%d/%s", i, describe(fc.cal, fc.key)), func(t *testing.T) {
-				p := policy{capacity: capacity, refill: refill, sched: fc.cal.at(fc.key)}
+				p := policy{Capacity: capacity, Refill: refill, Schedule: fc.cal.at(fc.key)}
 				for _, cleanup := range []bool{false, true} {
-					runModel(t, p, &model{capacity: capacity, refill: refill, bounds: fc.model(t)}, &store{cleanup: cleanup}, fc.start, fc.unit, steps)
+					runModel(t, p, &model{Capacity: capacity, Refill: refill, bounds: fc.model(t)}, &store{cleanup: cleanup}, fc.start, fc.unit, steps)
 				}
 			})
 		}
 	}
 }
 
-func TestCalendarValidate(t *testing.T) {
-	for _, p := range []Period{Day, Week, Month} {
-		if err := (Calendar{Every: p}).validate(); err != nil {
-			t.Errorf("%v: %v", p, err)
-		}
-	}
-	for _, p := range []Period{0, -1, 4} {
-		err := Calendar{Every: p, Location: berlin}.validate()
-		if err == nil || !strings.Contains(err.Error(), "Calendar.Every") {
-			t.Errorf("Every %d: %v", p, err)
-		}
-	}
-	if got := fmt.Sprint(Day, Week, Month, Period(7)); got != "day week month Period(7)" {
-		t.Errorf("String: %s", got)
-	}
-}
-
 // examplePolicy is a quota of capacity with refill per period of cal, for
 // the key whose anchor is key (or none).
-func examplePolicy(capacity, refill int64, cal Calendar, key time.Time) policy {
-	return policy{capacity: capacity, refill: refill, sched: cal.at(key)}
+func examplePolicy(capacity, refill int64, c0 cal, key time.Time) policy {
+	return policy{Capacity: capacity, Refill: refill, Schedule: c0.at(key)}
 }
 
 // exampleCheck is one check of an example, and what it must report.
@@ -383,7 +365,7 @@ func runExample(t *testing.T, p policy, checks []exampleCheck) {
 		st := &store{cleanup: cleanup}
 		for _, c := range checks {
 			_, r := st.check(p, c.at, c.cost)
-			want := Result{Allowed: c.allowed, Limit: p.capacity, Remaining: c.remaining, RetryAfter: c.retryAfter, ResetAfter: c.resetAfter}
+			want := Result{Allowed: c.allowed, Limit: p.Capacity, Remaining: c.remaining, RetryAfter: c.retryAfter, ResetAfter: c.resetAfter}
 			if r != want {
 				t.Errorf("cleanup %v, %v, cost %d: %+v, want %+v", cleanup, c.at, c.cost, r, want)
 			}
@@ -396,8 +378,8 @@ func runExample(t *testing.T, p policy, checks []exampleCheck) {
 func TestCalendarExampleMonthEnd(t *testing.T) {
 	day := 24 * time.Hour
 	utc := func(m time.Month, d, h int) time.Time { return time.Date(2028, m, d, h, 0, 0, 0, time.UTC) }
-	cal := Calendar{Every: Month, Anchor: time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC)}
-	runExample(t, examplePolicy(1000, 1000, cal, time.Time{}), []exampleCheck{
+	monthEnd := cal{Every: Month, Anchor: time.Date(2028, 1, 31, 0, 0, 0, 0, time.UTC)}
+	runExample(t, examplePolicy(1000, 1000, monthEnd, time.Time{}), []exampleCheck{
 		{utc(1, 31, 10), 1000, true, 0, 0, 28*day + 14*time.Hour}, // renewed Feb 29 00:00
 		{utc(2, 28, 23), 1, false, 0, time.Hour, time.Hour},
 		{utc(2, 29, 0), 600, true, 400, 0, 31 * day}, // renewed Mar 31
@@ -410,7 +392,7 @@ func TestCalendarExampleMonthEnd(t *testing.T) {
 	// 14:23:05 in Berlin (a per-key anchor): renewed on the 17th at 14:23:05
 	// Berlin time, whatever the season.
 	sub := time.Date(2026, 1, 17, 14, 23, 5, 0, berlin)
-	p := examplePolicy(1000, 1000, Calendar{Every: Month, Location: berlin, Anchor: cal.Anchor}, sub)
+	p := examplePolicy(1000, 1000, cal{Every: Month, Location: berlin, Anchor: monthEnd.Anchor}, sub)
 	runExample(t, p, []exampleCheck{
 		{sub, 1000, true, 0, 0, 31 * day},
 		{time.Date(2026, 3, 17, 14, 23, 4, 0, berlin), 1, true, 999, 0, time.Second},         // renewed Feb 17
@@ -424,7 +406,7 @@ func TestCalendarExampleMonthEnd(t *testing.T) {
 // 2026-03-29 lasts 23 hours, 2026-10-25 lasts 25.
 func TestCalendarExampleDSTDay(t *testing.T) {
 	at := func(m time.Month, d, h, min int) time.Time { return time.Date(2026, m, d, h, min, 0, 0, berlin) }
-	p := examplePolicy(100, 100, Calendar{Every: Day, Location: berlin}, time.Time{})
+	p := examplePolicy(100, 100, cal{Every: Day, Location: berlin}, time.Time{})
 	runExample(t, p, []exampleCheck{
 		{at(3, 28, 22, 0), 100, true, 0, 0, 2 * time.Hour},
 		{at(3, 29, 0, 0), 100, true, 0, 0, 23 * time.Hour},
@@ -440,7 +422,7 @@ func TestCalendarExampleDSTDay(t *testing.T) {
 func TestCalendarExampleRollover(t *testing.T) {
 	day := 24 * time.Hour
 	at := func(m time.Month, d int) time.Time { return time.Date(2026, m, d, 0, 0, 0, 0, time.UTC) }
-	p := examplePolicy(1500, 1000, Calendar{Every: Month}, time.Time{})
+	p := examplePolicy(1500, 1000, cal{Every: Month}, time.Time{})
 	runExample(t, p, []exampleCheck{
 		{at(1, 10), 1200, true, 300, 0, 50 * day},          // full again after two renewals: Mar 1
 		{at(2, 1), 100, true, 1200, 0, 28 * day},           // 300 + 1000 on Feb 1
@@ -470,7 +452,7 @@ func TestScheduleExampleGridKeepsPhase(t *testing.T) {
 			var denied []int
 			for i := range 100 {
 				now := t0.Add(time.Duration(i) * 9900 * time.Millisecond)
-				if st.row != nil && !now.Before(st.row.expiresAt) {
+				if st.row != nil && !now.Before(st.row.ExpiresAt) {
 					deletes++
 				}
 				if _, r := st.check(p, now, 1); !r.Allowed {
@@ -487,21 +469,21 @@ func TestScheduleExampleGridKeepsPhase(t *testing.T) {
 	}
 }
 
-// fuzzTime maps fuzz input to a time from before year 1 to after maxTime,
-// often the zero time, maxTime or close to them.
+// fuzzTime maps fuzz input to a time from before year 1 to after MaxTime,
+// often the zero time, MaxTime or close to them.
 func fuzzTime(sec int64, nsec uint32) time.Time {
 	ns := int64(nsec % 1e9)
 	switch uint64(sec) % 8 {
 	case 0:
 		return time.Time{}.Add(time.Duration(ns))
 	case 1:
-		return maxTime.Add(-time.Duration(ns))
+		return MaxTime.Add(-time.Duration(ns))
 	case 2:
-		return maxTime.Add(time.Duration(ns) * 1000)
+		return MaxTime.Add(time.Duration(ns) * 1000)
 	case 3:
 		return time.Time{}.Add(-time.Duration(ns) * 1000)
 	}
-	lo, hi := time.Time{}.Unix()-1e9, maxTime.Unix()+1e9
+	lo, hi := time.Time{}.Unix()-1e9, MaxTime.Unix()+1e9
 	return time.Unix(lo+int64(uint64(sec)%uint64(hi-lo)), ns).In(testZones[uint64(sec)%uint64(len(testZones))])
 }
 
@@ -518,11 +500,11 @@ func FuzzSchedule(f *testing.F) {
 	f.Add(uint8(2), int64(1769000000), int64(0), int64(17), uint32(3), int64(9), uint32(7), int64(1e6))
 	f.Add(uint8(3), int64(1706659200), int64(0), int64(12), uint32(3), int64(11), uint32(7), int64(math.MaxInt64))
 	f.Fuzz(func(t *testing.T, kind uint8, anchor, interval, t1s int64, t1ns uint32, t2s int64, t2ns uint32, n int64) {
-		var s schedule
+		var s Schedule
 		if k := kind % 4; k == 0 {
 			s = grid{interval: time.Duration(1 + uint64(interval)%math.MaxInt64)}
 		} else {
-			cal := Calendar{Every: Period(k), Location: testZones[int(kind/4)%len(testZones)]}
+			cal := cal{Every: Period(k), Location: testZones[int(kind/4)%len(testZones)]}
 			var key time.Time
 			if anchor != 0 {
 				key = fuzzTime(anchor, uint32(anchor))
@@ -533,61 +515,61 @@ func FuzzSchedule(f *testing.F) {
 		if t2.Before(t1) {
 			t1, t2 = t2, t1
 		}
-		f1, f2 := s.floor(t1), s.floor(t2)
+		f1, f2 := s.Floor(t1), s.Floor(t2)
 		if f1.After(t1) || f2.After(t2) || f1.After(f2) {
 			t.Fatalf("floor(%v) = %v, floor(%v) = %v", t1, f1, t2, f2)
 		}
-		if g := s.floor(f1); !g.Equal(f1) {
+		if g := s.Floor(f1); !g.Equal(f1) {
 			t.Fatalf("floor(%v) = %v: not a boundary", f1, g)
 		}
-		if next := s.add(f1, 1); next.Before(maxTime) {
-			if !t1.Before(next) || !s.floor(next).Equal(next) || s.count(f1, next) != 1 {
-				t.Fatalf("floor(%v) = %v, next %v (a boundary: %v), %d between", t1, f1, next, s.floor(next), s.count(f1, next))
+		if next := s.Add(f1, 1); next.Before(MaxTime) {
+			if !t1.Before(next) || !s.Floor(next).Equal(next) || s.Count(f1, next) != 1 {
+				t.Fatalf("floor(%v) = %v, next %v (a boundary: %v), %d between", t1, f1, next, s.Floor(next), s.Count(f1, next))
 			}
-		} else if !next.Equal(maxTime) && !next.Equal(f1) {
+		} else if !next.Equal(MaxTime) && !next.Equal(f1) {
 			t.Fatalf("add(%v, 1) = %v", f1, next)
 		}
-		c := s.count(f1, t2)
+		c := s.Count(f1, t2)
 		if c < 0 || (c > 0) != f2.After(f1) {
 			t.Fatalf("count(%v, %v) = %d, floors %v, %v", f1, t2, c, f1, f2)
 		}
 		if c < math.MaxInt64 {
-			if a := s.add(f1, c); a.Before(maxTime) && !a.Equal(f2) {
+			if a := s.Add(f1, c); a.Before(MaxTime) && !a.Equal(f2) {
 				t.Fatalf("add(%v, count %d) = %v, floor(%v) = %v", f1, c, a, t2, f2)
 			}
 		}
-		if s.count(t2, t1) != 0 && t2.After(t1) {
+		if s.Count(t2, t1) != 0 && t2.After(t1) {
 			t.Fatalf("count backwards")
 		}
 		// The n-th boundary after f1, and the one after it.
 		n = max(n, -n, 0)
-		a := s.add(f1, n)
+		a := s.Add(f1, n)
 		if a.Before(f1) || (n == 0 && !a.Equal(f1)) {
 			t.Fatalf("add(%v, %d) = %v", f1, n, a)
 		}
-		if a.Before(maxTime) {
-			if got := s.count(f1, a); got != n {
+		if a.Before(MaxTime) {
+			if got := s.Count(f1, a); got != n {
 				t.Fatalf("count(%v, add(%d) = %v) = %d", f1, n, a, got)
 			}
-			if !s.floor(a).Equal(a) {
+			if !s.Floor(a).Equal(a) {
 				t.Fatalf("add(%v, %d) = %v is not a boundary", f1, n, a)
 			}
 			if n < math.MaxInt64 {
-				if b := s.add(f1, n+1); !b.After(a) && b.Before(maxTime) {
+				if b := s.Add(f1, n+1); !b.After(a) && b.Before(MaxTime) {
 					t.Fatalf("add(%v, %d) = %v, add(%d) = %v", f1, n, a, n+1, b)
 				}
 			}
 		}
 		// The bucket math on top of it, at the extremes.
-		p := policy{capacity: math.MaxInt64, refill: 1 + max(n, -n, 0)%1000, sched: s}
-		if d := p.untilTokens(bucket{refilledAt: f1}, t1, 1+n%p.capacity); d < 0 {
+		p := policy{Capacity: math.MaxInt64, Refill: 1 + max(n, -n, 0)%1000, Schedule: s}
+		if d := p.untilTokens(bucket{RefilledAt: f1}, t1, 1+n%p.Capacity); d < 0 {
 			t.Fatalf("untilTokens: %v", d)
 		}
 		if p.horizon(n) < 0 {
 			t.Fatalf("horizon(%d)", n)
 		}
-		b := p.load(bucket{tokens: 0, refilledAt: f1, expiresAt: maxTime}, t2)
-		if b.tokens < 0 || b.refilledAt.Before(f1) || b.refilledAt.After(t2) {
+		b := p.load(bucket{Tokens: 0, RefilledAt: f1, ExpiresAt: MaxTime}, t2)
+		if b.Tokens < 0 || b.RefilledAt.Before(f1) || b.RefilledAt.After(t2) {
 			t.Fatalf("load: %+v", b)
 		}
 	})
