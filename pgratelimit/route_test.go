@@ -67,7 +67,9 @@ func TestNodeOf(t *testing.T) {
 	rt := &routes{tables: [2]*shardMap{Durable: split}, stmts: map[int64]*statements{10: {}, 11: {}},
 		nodes: map[string]*node{"a:1": a, "b:1": b}, loadedAt: time.Now()}
 	r.routes.Store(rt)
-	q := func(kind account.Kind, id string, cs ...charge) *request { return &request{kind: kind, id: id, charges: cs} }
+	q := func(kind account.Kind, id string, cs ...charge) *request {
+		return &request{kind: kind, id: id, charges: cs}
+	}
 	c := func(s Storage, key string) charge { return charge{row: row{storage: s, prefix: "p", key: key}} }
 	for _, tc := range []struct {
 		name string
