@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -43,27 +43,24 @@ func (s *syncBuffer) String() string {
 
 var pageLine = regexp.MustCompile(`(?m)^The page: +(http://\S+/) `)
 
-// startDemo runs `pgratelimit demo` in-process against dbURL, as make demo
-// does, and returns the page's URL once the walkthrough is done; the demo
-// stops when the test ends.
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// startDemo runs the demo (what `pgratelimit demo` and make demo run) in
+// process against dbURL, and returns the page's URL once the walkthrough is
+// done; the demo stops when the test ends.
 func startDemo(t *testing.T, dbURL string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
-	done := make(chan int, 1)
+	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"demo", "--addr", "127.0.0.1:0"}, &stdout, &stderr, func(k string) string {
-			if k == "DATABASE_URL" {
-				return dbURL
-			}
-			return ""
-		})
+		done <- Run(ctx, Options{Addr: "127.0.0.1:0", DatabaseURL: dbURL, Timeout: 10 * time.Second, Stdout: &stdout, Stderr: &stderr})
 	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case code := <-done:
-			require.Equal(t, 0, code, stderr.String())
+		case err := <-done:
+			require.NoError(t, err, stderr.String())
 		case <-time.After(30 * time.Second):
 			t.Error("the demo did not stop")
 		}
@@ -74,8 +71,8 @@ func startDemo(t *testing.T, dbURL string) string {
 			return m[1]
 		}
 		select {
-		case code := <-done:
-			t.Fatalf("the demo exited (%d) before serving the page:\n%s\n%s", code, stdout.String(), stderr.String())
+		case err := <-done:
+			t.Fatalf("the demo returned (%v) before serving the page:\n%s\n%s", err, stdout.String(), stderr.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -464,7 +461,7 @@ func TestDemoPage(t *testing.T) {
 	require.NoError(t, err)
 	shot := filepath.Join(t.TempDir(), "demo.png")
 	if os.Getenv("PGRATELIMIT_UPDATE_SCREENSHOT") == "1" {
-		shot = filepath.Join("..", "..", "docs", "demo.png")
+		shot = filepath.Join("..", "..", "..", "..", "docs", "demo.png")
 		require.NoError(t, os.MkdirAll(filepath.Dir(shot), 0o755))
 	}
 	require.NoError(t, os.WriteFile(shot, png, 0o644))

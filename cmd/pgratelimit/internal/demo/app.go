@@ -1,0 +1,268 @@
+package demo
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
+)
+
+// The page: HTML, CSS and a small hand-written script, embedded so the demo
+// works offline, with no build step.
+//
+//go:embed web
+var webFiles embed.FS
+
+// demoPrefix is the demo limiter's Config.Prefix: the policy's name in the
+// RateLimit headers. minutePrefix is the per-minute limit of the two-limits
+// scenario, creditsPrefix the credits scenario's quota and grants.
+const (
+	demoPrefix    = "demo"
+	minutePrefix  = "demo-per-minute"
+	creditsPrefix = "demo-credits"
+)
+
+// firstPolicy is the demo's first policy: burst 5, then 1 request per
+// second.
+func firstPolicy() pgratelimit.Config {
+	return pgratelimit.Config{Prefix: demoPrefix, Capacity: 5, Refill: 1, Interval: time.Second, Storage: pgratelimit.Ephemeral}
+}
+
+// policy is the limiter the page's requests go through, replaced whole when
+// the page applies a new one.
+type policy struct {
+	gen    int
+	cfg    pgratelimit.Config
+	l      *pgratelimit.Limiter
+	minute *pgratelimit.Limiter // the two-limits scenario's per-minute limit
+}
+
+// app serves the page, the rate-limited endpoints behind the real
+// middleware, the bucket's live state and the scenarios.
+type app struct {
+	pool    *pgxpool.Pool
+	credits *pgratelimit.Limiter // the credits scenario's: a monthly quota and grants
+	counts  checkCounter
+	mp      *sdkmetric.MeterProvider
+	log     *slog.Logger
+	timeout time.Duration // each request's database work; 0: none
+	key     httplimit.KeyFunc
+
+	mu  sync.Mutex // serializes applies
+	cur atomic.Pointer[policy]
+
+	done     chan struct{} // closed when the server shuts down: ends event streams
+	doneOnce sync.Once
+}
+
+// checkCounter reads how many checks the demo's limiters decided, by result.
+type checkCounter interface {
+	counts(ctx context.Context) (checkCounts, error)
+}
+
+// checkCounts are the checks decided so far, by result.
+type checkCounts struct {
+	Allowed int64 `json:"allowed"`
+	Denied  int64 `json:"denied"`
+	Errors  int64 `json:"errors"`
+}
+
+// otelCounter reads the library's pgratelimit.checks counter through an
+// OpenTelemetry SDK ManualReader: the numbers an app's metrics would show.
+type otelCounter struct {
+	reader *sdkmetric.ManualReader
+	mu     sync.Mutex
+}
+
+func (o *otelCounter) counts(ctx context.Context) (checkCounts, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var rm metricdata.ResourceMetrics
+	if err := o.reader.Collect(ctx, &rm); err != nil {
+		return checkCounts{}, err
+	}
+	var c checkCounts
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if m.Name != "pgratelimit.checks" || !ok {
+				continue
+			}
+			for _, dp := range sum.DataPoints {
+				result, _ := dp.Attributes.Value("pgratelimit.result")
+				switch result.AsString() {
+				case "allowed":
+					c.Allowed += dp.Value
+				case "denied":
+					c.Denied += dp.Value
+				case "error":
+					c.Errors += dp.Value
+				}
+			}
+		}
+	}
+	return c, nil
+}
+
+// newApp makes the app on pool, its limiters reporting to a meter provider of
+// its own, its requests' database work bounded by timeout (0: none).
+func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration) (*app, error) {
+	reader := sdkmetric.NewManualReader()
+	a := &app{
+		pool:    pool,
+		counts:  &otelCounter{reader: reader},
+		mp:      sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		log:     log,
+		timeout: timeout,
+		key:     httplimit.KeyByIP(httplimit.IPKeyConfig{}),
+		done:    make(chan struct{}),
+	}
+	cfg := creditsPolicy()
+	cfg.MeterProvider = a.mp
+	credits, err := pgratelimit.New(pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.credits = credits
+	return a, nil
+}
+
+// apply makes cfg the page's policy: a new limiter, and a fresh (full)
+// bucket for key, when not empty.
+func (a *app) apply(ctx context.Context, cfg pgratelimit.Config, key string) (*policy, error) {
+	cfg.Prefix = demoPrefix
+	cfg.MeterProvider = a.mp
+	l, err := pgratelimit.New(a.pool, cfg)
+	if err != nil {
+		return nil, err
+	}
+	// The per-minute limit of the two-limits scenario: twice the burst,
+	// refilled whole every minute.
+	mcfg := pgratelimit.Config{Prefix: minutePrefix, Capacity: 2 * cfg.Capacity, Refill: 2 * cfg.Capacity, Interval: time.Minute,
+		Storage: cfg.Storage, MeterProvider: a.mp}
+	if mcfg.Capacity <= 0 { // overflowed
+		mcfg.Capacity, mcfg.Refill = cfg.Capacity, cfg.Capacity
+	}
+	minute, err := pgratelimit.New(a.pool, mcfg)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := &policy{cfg: cfg, l: l, minute: minute}
+	if old := a.cur.Load(); old != nil {
+		p.gen = old.gen + 1
+	}
+	if key != "" {
+		if err := l.Reset(ctx, key); err != nil {
+			return nil, err
+		}
+		if err := minute.Reset(ctx, key); err != nil {
+			return nil, err
+		}
+	}
+	a.cur.Store(p)
+	return p, nil
+}
+
+// shutdown ends the event streams: the server is shutting down.
+func (a *app) shutdown() { a.doneOnce.Do(func() { close(a.done) }) }
+
+// handler is the demo's whole HTTP surface.
+func (a *app) handler() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(webFiles, "web")
+	mux.Handle("GET /", http.FileServerFS(static))
+
+	hello := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "hello from behind the rate limiter")
+	})
+	opts := func(pick func(p *policy) []*pgratelimit.Limiter) httplimit.Options {
+		return httplimit.Options{
+			KeyFunc: a.key,
+			Cost:    costParam,
+			Logger:  a.log,
+			Limiters: func(*http.Request, string) ([]*pgratelimit.Limiter, error) {
+				return pick(a.cur.Load()), nil
+			},
+		}
+	}
+	one := httplimit.MiddlewareAll(nil, opts(func(p *policy) []*pgratelimit.Limiter { return []*pgratelimit.Limiter{p.l} }))
+	two := httplimit.MiddlewareAll(nil, opts(func(p *policy) []*pgratelimit.Limiter { return []*pgratelimit.Limiter{p.l, p.minute} }))
+	mux.Handle("GET /api/limited", a.bounded(one(hello)))
+	mux.Handle("GET /api/two-limits", a.bounded(two(hello)))
+
+	mux.Handle("GET /api/state", a.bounded(http.HandlerFunc(a.serveState)))
+	mux.HandleFunc("GET /api/events", a.serveEvents)
+	mux.Handle("POST /api/policy", a.bounded(http.HandlerFunc(a.servePolicy)))
+	mux.Handle("POST /api/reset", a.bounded(http.HandlerFunc(a.serveReset)))
+	mux.Handle("POST /api/scenario/rollback", a.bounded(http.HandlerFunc(a.serveRollback)))
+	mux.Handle("POST /api/credits/charge", a.bounded(http.HandlerFunc(a.serveCharge)))
+	mux.Handle("POST /api/credits/grant", a.bounded(http.HandlerFunc(a.serveGrant)))
+	mux.Handle("POST /api/credits/reset", a.bounded(http.HandlerFunc(a.serveCreditsReset)))
+	return mux
+}
+
+// bounded bounds a request's database work by the app's timeout (the
+// command's --timeout).
+func (a *app) bounded(h http.Handler) http.Handler { return withRequestTimeout(a.timeout, h) }
+
+// costParam is a request's cost: ?cost=N, 1 without one. A cost that does
+// not parse is 0, which the middleware answers with 400.
+func costParam(r *http.Request) int64 {
+	s := r.URL.Query().Get("cost")
+	if s == "" {
+		return 1
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// fmtLong writes a long duration for people: to the second under an
+// hour, to the minute under a day, in days and hours from a day up.
+func fmtLong(d time.Duration) string {
+	switch {
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 24*time.Hour:
+		d = d.Round(time.Minute)
+		if m := int64(d%time.Hour) / int64(time.Minute); m != 0 {
+			return fmt.Sprintf("%d h %d min", int64(d/time.Hour), m)
+		}
+		return fmt.Sprintf("%d h", int64(d/time.Hour))
+	}
+	h := int64(d.Round(time.Hour) / time.Hour)
+	if h%24 == 0 {
+		return fmt.Sprintf("%d days", h/24)
+	}
+	return fmt.Sprintf("%d days %d h", h/24, h%24)
+}
+
+// withRequestTimeout bounds each request's work (the limiter's database
+// work in the middleware) by d, when d > 0.
+func withRequestTimeout(d time.Duration, h http.Handler) http.Handler {
+	if d <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}

@@ -1,0 +1,223 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
+)
+
+// creditsPolicy is the credits scenario's limiter: 100 credits a month, the
+// quota renewed whole (Refill == Capacity) on the 1st at midnight UTC, and
+// grants spent after it.
+func creditsPolicy() pgratelimit.Config {
+	return pgratelimit.Config{Prefix: creditsPrefix, Capacity: 100, Refill: 100,
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Storage: pgratelimit.Durable, Grants: true}
+}
+
+// creditsPeriod says when the credits quota renews, for the page.
+const creditsPeriod = "on the 1st of each month (UTC)"
+
+type creditGrantJSON struct {
+	Amount    int64  `json:"amount"`
+	ExpiresAt string `json:"expires_at,omitempty"` // RFC 3339; empty: never
+}
+
+// creditsJSON is the credits scenario's state: the quota (the bucket) and
+// the granted balance beside it.
+type creditsJSON struct {
+	Prefix   string `json:"prefix"`
+	Period   string `json:"period"`
+	Quota    int64  `json:"quota"`
+	Capacity int64  `json:"capacity"`
+	// RenewsInMS is the time until the quota is renewed (full again), 0
+	// when it is full.
+	RenewsInMS int64             `json:"renews_in_ms"`
+	Granted    int64             `json:"granted"`
+	Grants     []creditGrantJSON `json:"grants"` // live, soonest-expiring first
+}
+
+// creditsState peeks at key's quota and grants, taking nothing.
+func (a *app) creditsState(ctx context.Context, key string) (creditsJSON, error) {
+	r, err := a.credits.Peek(ctx, key)
+	if err != nil {
+		return creditsJSON{}, err
+	}
+	gs, err := a.credits.Grants(ctx, key)
+	if err != nil {
+		return creditsJSON{}, err
+	}
+	c := creditsJSON{Prefix: creditsPrefix, Period: creditsPeriod, Quota: r.Remaining, Capacity: r.Limit,
+		Granted: r.Granted, Grants: make([]creditGrantJSON, len(gs))}
+	if r.Remaining < r.Limit {
+		c.RenewsInMS = max(r.ResetAfter.Milliseconds(), 1)
+	}
+	for i, g := range gs {
+		c.Grants[i] = creditGrantJSON{Amount: g.Amount}
+		if !g.ExpiresAt.IsZero() {
+			c.Grants[i].ExpiresAt = g.ExpiresAt.UTC().Format(time.RFC3339)
+		}
+	}
+	return c, nil
+}
+
+// resetCredits gives key a full quota and no grants. The library has no
+// call that revokes grants (they are credits someone paid for or was
+// given), so the demo deletes its own rows of the grants table.
+func (a *app) resetCredits(ctx context.Context, key string) error {
+	if err := a.credits.Reset(ctx, key); err != nil {
+		return err
+	}
+	del := `DELETE FROM ` + pgx.Identifier{pgratelimit.GrantsTable}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
+	if _, err := a.pool.Exec(ctx, del, creditsPrefix, key); err != nil {
+		return fmt.Errorf("delete the grants of %q: %w", key, err)
+	}
+	return nil
+}
+
+// chargeJSON is the answer to a charge: where its credits came from and
+// what is left, or why it was denied.
+type chargeJSON struct {
+	Allowed    bool   `json:"allowed"`
+	Cost       int64  `json:"cost"`
+	FromQuota  int64  `json:"from_quota"`
+	FromGrants int64  `json:"from_grants"`
+	Quota      int64  `json:"quota"`
+	Capacity   int64  `json:"capacity"`
+	Granted    int64  `json:"granted"`
+	Message    string `json:"message"`
+}
+
+// serveCharge charges ?cost= credits (AllowAll with one charge, as the
+// middleware does, and the middleware's RateLimit headers): from the quota
+// first, the rest from grants. A denied charge is a 429 with Retry-After
+// and a message that says why.
+func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
+	key, ok := a.clientKey(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	cost := costParam(r)
+	if cost < 1 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("cost must be a whole number of at least 1, got %q", r.URL.Query().Get("cost"))})
+		return
+	}
+	fail := func(err error) {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+	}
+	// What the grants held before, to tell how much of the charge they
+	// paid: the check takes from the quota first, so the rest came from
+	// them. (Read apart from the check: exact while nobody else grants or
+	// charges this key meanwhile, as on the demo's page.)
+	before, err := a.credits.Peek(ctx, key)
+	if err != nil {
+		fail(err)
+		return
+	}
+	ls := []*pgratelimit.Limiter{a.credits}
+	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: a.credits, Key: key, Cost: cost})
+	if err != nil {
+		fail(err)
+		return
+	}
+	res := m.Results[0]
+	out := chargeJSON{Allowed: m.Allowed, Cost: cost, Quota: res.Remaining, Capacity: res.Limit, Granted: res.Granted}
+	f := httplimit.FieldsFor(ls, m)
+	w.Header().Set("RateLimit-Policy", f.Policy)
+	w.Header().Set("RateLimit", f.RateLimit)
+	status := http.StatusOK
+	if m.Allowed {
+		out.FromGrants = min(max(before.Granted-res.Granted, 0), cost)
+		out.FromQuota = cost - out.FromGrants
+		if out.FromGrants == 0 {
+			out.Message = fmt.Sprintf("Charged %d from the monthly quota: %d of %d left, %d granted.", cost, res.Remaining, res.Limit, res.Granted)
+		} else {
+			out.Message = fmt.Sprintf("Charged %d: %d from the monthly quota (%d of %d left), %d from grants (%d left).",
+				cost, out.FromQuota, res.Remaining, res.Limit, out.FromGrants, res.Granted)
+		}
+	} else {
+		status = http.StatusTooManyRequests
+		w.Header().Set("Retry-After", f.RetryAfter)
+		out.Message = fmt.Sprintf("Denied: a charge of %d is more than the %d left of the monthly quota and the %d granted; nothing taken. ",
+			cost, res.Remaining, res.Granted)
+		if m.RetryAfter == pgratelimit.InfDuration {
+			out.Message += fmt.Sprintf("Even a full quota (%d) would not cover it: grant credits.", res.Limit)
+		} else {
+			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", fmtLong(m.RetryAfter))
+		}
+	}
+	writeJSON(w, status, out)
+}
+
+// serveGrant grants ?amount= credits to the client, expiring after
+// ?expires_in= (a Go duration; never without one).
+func (a *app) serveGrant(w http.ResponseWriter, r *http.Request) {
+	key, ok := a.clientKey(w, r)
+	if !ok {
+		return
+	}
+	ctx := r.Context()
+	bad := func(format string, args ...any) {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf(format, args...)})
+	}
+	amount, err := strconv.ParseInt(r.FormValue("amount"), 10, 64)
+	if err != nil || amount < 1 {
+		bad("amount must be a whole number of at least 1, got %q", r.FormValue("amount"))
+		return
+	}
+	var expiresAt time.Time
+	if s := r.FormValue("expires_in"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			bad("expires_in must be a positive duration such as 1h or 168h, got %q", s)
+			return
+		}
+		expiresAt = time.Now().Add(d)
+	}
+	if _, err := a.credits.Grant(ctx, key, amount, expiresAt); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+		return
+	}
+	c, err := a.creditsState(ctx, key)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+		return
+	}
+	expires := "never expires"
+	if !expiresAt.IsZero() {
+		expires = "expires in " + fmtLong(time.Until(expiresAt))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"message": fmt.Sprintf("Granted %d credits (%s): %d granted in all, beside the quota's %d of %d.", amount, expires, c.Granted, c.Quota, c.Capacity),
+		"credits": c,
+	})
+}
+
+// serveCreditsReset gives the client a full quota and no grants.
+func (a *app) serveCreditsReset(w http.ResponseWriter, r *http.Request) {
+	key, ok := a.clientKey(w, r)
+	if !ok {
+		return
+	}
+	if err := a.resetCredits(r.Context(), key); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+		return
+	}
+	c, err := a.creditsState(r.Context(), key)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"message": fmt.Sprintf("Started over: a full quota of %d, no grants.", c.Capacity),
+		"credits": c,
+	})
+}

@@ -1,0 +1,172 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+type bucketJSON struct {
+	Tokens   int64 `json:"tokens"`
+	Capacity int64 `json:"capacity"`
+	// NextRefillMS is the time to the next refill on the bucket's grid, 0
+	// when the bucket is full; FullInMS the time until it is full.
+	NextRefillMS int64 `json:"next_refill_ms"`
+	FullInMS     int64 `json:"full_in_ms"`
+}
+
+type policyJSON struct {
+	Gen        int    `json:"gen"`
+	Prefix     string `json:"prefix"`
+	Capacity   int64  `json:"capacity"`
+	Refill     int64  `json:"refill"`
+	Interval   string `json:"interval"`
+	IntervalMS int64  `json:"interval_ms"`
+	Storage    string `json:"storage"`
+	Header     string `json:"header"` // RateLimit-Policy
+	Minute     string `json:"minute"` // the per-minute limit of the two-limits scenario
+}
+
+type stateJSON struct {
+	TimeMS  int64       `json:"time_ms"`
+	Key     string      `json:"key"`
+	Policy  policyJSON  `json:"policy"`
+	Bucket  bucketJSON  `json:"bucket"`
+	Minute  bucketJSON  `json:"minute"`
+	Credits creditsJSON `json:"credits"`
+	Checks  checkCounts `json:"checks"`
+	Error   string      `json:"error,omitempty"`
+}
+
+func describePolicy(p *policy) policyJSON {
+	c, m := p.cfg, p.minute.Config()
+	refills := (c.Capacity + c.Refill - 1) / c.Refill
+	window := time.Duration(refills) * c.Interval
+	return policyJSON{
+		Gen: p.gen, Prefix: c.Prefix, Capacity: c.Capacity, Refill: c.Refill,
+		Interval: c.Interval.String(), IntervalMS: c.Interval.Milliseconds(), Storage: storageName(c.Storage),
+		Header: fmt.Sprintf("%q;q=%d;w=%d", c.Prefix, c.Capacity, int64((window+time.Second-1)/time.Second)),
+		Minute: fmt.Sprintf("%d per minute", m.Capacity),
+	}
+}
+
+func storageName(s pgratelimit.Storage) string {
+	if s == pgratelimit.Ephemeral {
+		return "ephemeral"
+	}
+	return "durable"
+}
+
+// bucketOf is a peeked bucket, with the time to its next refill worked out
+// from ResetAfter: full after k more refills, the next of them k-1
+// intervals before that.
+func bucketOf(r pgratelimit.Result, cfg pgratelimit.Config) bucketJSON {
+	b := bucketJSON{Tokens: r.Remaining, Capacity: r.Limit, FullInMS: r.ResetAfter.Milliseconds()}
+	if missing := r.Limit - r.Remaining; missing > 0 && r.ResetAfter > 0 {
+		k := (missing + cfg.Refill - 1) / cfg.Refill
+		next := r.ResetAfter - time.Duration(k-1)*cfg.Interval
+		if next <= 0 || next > cfg.Interval {
+			next = r.ResetAfter % cfg.Interval
+		}
+		b.NextRefillMS = max(next.Milliseconds(), 1)
+	}
+	return b
+}
+
+// state peeks at key's buckets (taking nothing) and reads the counters.
+func (a *app) state(ctx context.Context, key string) stateJSON {
+	p := a.cur.Load()
+	st := stateJSON{TimeMS: time.Now().UnixMilli(), Key: key, Policy: describePolicy(p)}
+	var errs []error
+	if r, err := p.l.Peek(ctx, key); err != nil {
+		errs = append(errs, err)
+	} else {
+		st.Bucket = bucketOf(r, p.cfg)
+	}
+	if r, err := p.minute.Peek(ctx, key); err != nil {
+		errs = append(errs, err)
+	} else {
+		st.Minute = bucketOf(r, p.minute.Config())
+	}
+	if c, err := a.creditsState(ctx, key); err != nil {
+		errs = append(errs, err)
+	} else {
+		st.Credits = c
+	}
+	c, err := a.counts.counts(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	st.Checks = c
+	if err := errors.Join(errs...); err != nil {
+		st.Error = clierr.Text(err)
+	}
+	return st
+}
+
+func (a *app) clientKey(w http.ResponseWriter, r *http.Request) (string, bool) {
+	key, err := a.key(r)
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+		return "", false
+	}
+	return key, true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (a *app) serveState(w http.ResponseWriter, r *http.Request) {
+	key, ok := a.clientKey(w, r)
+	if !ok {
+		return
+	}
+	writeJSON(w, http.StatusOK, a.state(r.Context(), key))
+}
+
+// eventsEvery is how often the event stream sends the bucket's state.
+const eventsEvery = 250 * time.Millisecond
+
+// serveEvents streams the state of the client's bucket as Server-Sent
+// Events, every eventsEvery, until the client goes or the server stops.
+func (a *app) serveEvents(w http.ResponseWriter, r *http.Request) {
+	key, ok := a.clientKey(w, r)
+	if !ok {
+		return
+	}
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	tick := time.NewTicker(eventsEvery)
+	defer tick.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(r.Context(), max(a.timeout, eventsEvery))
+		st := a.state(ctx, key)
+		cancel()
+		b, _ := json.Marshal(st)
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-a.done:
+			return
+		case <-tick.C:
+		}
+	}
+}
