@@ -62,6 +62,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
@@ -105,7 +106,7 @@ func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
 // service moving between grpc-go and Connect keeps its buckets.
 func KeyByProcedure() KeyFunc {
 	return func(_ context.Context, call Call) (string, error) {
-		return "method:" + call.Spec.Procedure, nil
+		return middleware.MethodKey(call.Spec.Procedure), nil
 	}
 }
 
@@ -115,44 +116,37 @@ func KeyByProcedure() KeyFunc {
 // client has one bucket over plain HTTP and Connect. A call without the
 // header gets ErrNoKey.
 func KeyByHeader(name string) KeyFunc {
-	byHeader := httplimit.KeyByHeader(name)
 	return func(_ context.Context, call Call) (string, error) {
-		key, err := byHeader(&http.Request{Header: call.Header})
-		if err != nil {
+		v := call.Header.Get(name)
+		if v == "" {
 			return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, name)
 		}
-		return key, nil
+		return middleware.SecretKey(v), nil
 	}
 }
 
 // DefaultCheckTimeout is the bound on each check unless WithCheckTimeout
 // sets another: far above a healthy check (a millisecond or a few), well
 // below the deadlines of most clients.
-const DefaultCheckTimeout = 2 * time.Second
+const DefaultCheckTimeout = middleware.DefaultCheckTimeout
 
 // An Option configures the interceptor.
 type Option func(*options)
 
-type options struct {
-	key      KeyFunc
-	cost     func(ctx context.Context, call Call) int64
-	failOpen bool
-	shadow   bool
-	logger   *slog.Logger
-	timeout  time.Duration
-}
+// options are the core's, for calls.
+type options = middleware.Config[Call]
 
 // WithKeyFunc sets how a call's key is found. Defaults to
 // KeyByPeer(httplimit.IPKeyConfig{}): the direct peer's address, trusting no
 // proxy.
 func WithKeyFunc(f KeyFunc) Option {
-	return func(o *options) { o.key = f }
+	return func(o *options) { o.Key = f }
 }
 
 // WithCost sets how many tokens a call takes, by procedure for example.
 // Defaults to 1 for every call.
 func WithCost(f func(ctx context.Context, call Call) int64) Option {
-	return func(o *options) { o.cost = f }
+	return func(o *options) { o.Cost = f }
 }
 
 // WithFailOpen lets calls through, without rate-limit headers, when the
@@ -160,7 +154,7 @@ func WithCost(f func(ctx context.Context, call Call) int64) Option {
 // Without it the interceptor fails closed: connect.CodeUnavailable. Either
 // way the error is logged.
 func WithFailOpen() Option {
-	return func(o *options) { o.failOpen = true }
+	return func(o *options) { o.FailOpen = true }
 }
 
 // WithShadow checks every call but denies none: would-be denials are logged
@@ -169,13 +163,13 @@ func WithFailOpen() Option {
 // when it fails or the call has no key, logged too). Use it to roll a new
 // limit out: shadow first, read the would-be denials, then enforce.
 func WithShadow() Option {
-	return func(o *options) { o.shadow = true }
+	return func(o *options) { o.Shadow = true }
 }
 
 // WithLogger sets the logger of database errors and, in shadow mode, of
 // would-be denials. Defaults to slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.logger = l }
+	return func(o *options) { o.Logger = l }
 }
 
 // WithCheckTimeout bounds each check, from taking a database connection to
@@ -186,7 +180,7 @@ func WithLogger(l *slog.Logger) Option {
 // zero keeps the default and a negative d sets no bound but the call's
 // context.
 func WithCheckTimeout(d time.Duration) Option {
-	return func(o *options) { o.timeout = d }
+	return func(o *options) { o.CheckTimeout = d }
 }
 
 // NewInterceptor returns an interceptor that checks every call a handler
@@ -195,25 +189,27 @@ func WithCheckTimeout(d time.Duration) Option {
 // to a handler with connect.WithInterceptors. See the package doc for keys,
 // answers, failures and shadow mode.
 func NewInterceptor(l *pgratelimit.Limiter, opts ...Option) connect.Interceptor {
-	in := &interceptor{l: l}
+	limiters := []*pgratelimit.Limiter{l}
+	cfg := options{
+		Name:     "connectlimit",
+		Noun:     "call",
+		Attrs:    func(call Call) []any { return []any{"procedure", call.Spec.Procedure} },
+		Limiters: func(context.Context, Call, string) ([]*pgratelimit.Limiter, error) { return limiters, nil },
+		// A call whose context ended gets CodeCanceled or
+		// CodeDeadlineExceeded.
+		ReportEnded: true,
+	}
 	for _, o := range opts {
-		o(&in.options)
+		o(&cfg)
 	}
-	if in.key == nil {
-		in.key = KeyByPeer(httplimit.IPKeyConfig{})
+	if cfg.Key == nil {
+		cfg.Key = KeyByPeer(httplimit.IPKeyConfig{})
 	}
-	if in.logger == nil {
-		in.logger = slog.Default()
-	}
-	if in.timeout == 0 {
-		in.timeout = DefaultCheckTimeout
-	}
-	return in
+	return &interceptor{core: middleware.New(cfg)}
 }
 
 type interceptor struct {
-	l *pgratelimit.Limiter
-	options
+	core *middleware.Core[Call]
 }
 
 // WrapUnary checks a unary call before its handler; the fields of an
@@ -224,7 +220,8 @@ func (in *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		fields, err := in.check(ctx, Call{Spec: req.Spec(), Peer: req.Peer(), Header: req.Header()})
+		fields, release, err := in.check(ctx, Call{Spec: req.Spec(), Peer: req.Peer(), Header: req.Header()})
+		defer release()
 		if err != nil {
 			return nil, err
 		}
@@ -233,9 +230,9 @@ func (in *interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		switch {
 		case fields == nil:
 		case err == nil && res != nil:
-			setFields(res.Header(), fields)
+			fields.Set(res.Header())
 		case errors.As(err, &ce):
-			setFields(ce.Meta(), fields)
+			fields.Set(ce.Meta())
 		}
 		return res, err
 	}
@@ -251,96 +248,52 @@ func (in *interceptor) WrapStreamingClient(next connect.StreamingClientFunc) con
 // the fields of an allowed stream are set on its response headers.
 func (in *interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		fields, err := in.check(ctx, Call{Spec: conn.Spec(), Peer: conn.Peer(), Header: conn.RequestHeader()})
+		fields, release, err := in.check(ctx, Call{Spec: conn.Spec(), Peer: conn.Peer(), Header: conn.RequestHeader()})
+		defer release()
 		if err != nil {
 			return err
 		}
 		if fields != nil {
-			setFields(conn.ResponseHeader(), fields)
+			fields.Set(conn.ResponseHeader())
 		}
 		return next(ctx, conn)
 	}
 }
 
-func setFields(h http.Header, f *httplimit.Fields) {
-	h.Set("RateLimit-Policy", f.Policy)
-	h.Set("RateLimit", f.RateLimit)
-	if f.RetryAfter != "" {
-		h.Set("Retry-After", f.RetryAfter)
-	}
+// check checks a call. It returns the fields to send with an allowed call
+// (nil for none), the func to call when the call has ended (never nil), or
+// the error that ends the call.
+func (in *interceptor) check(ctx context.Context, call Call) (*middleware.Fields, func(), error) {
+	d, release := in.core.Check(ctx, call)
+	fields, err := answer(d)
+	return fields, release, err
 }
 
-// check checks a call. It returns the fields to send with an allowed call
-// (nil for none), or the error that ends the call.
-func (in *interceptor) check(ctx context.Context, call Call) (*httplimit.Fields, error) {
-	proc := call.Spec.Procedure
-	key, err := in.key(ctx, call)
-	if err != nil {
-		return nil, in.refuse(ctx, proc, err)
-	}
-	cost := int64(1)
-	if in.cost != nil {
-		cost = in.cost(ctx, call)
-	}
-	cctx := ctx
-	if in.timeout > 0 {
-		var cancel context.CancelFunc
-		cctx, cancel = context.WithTimeout(ctx, in.timeout)
-		defer cancel()
-	}
-	if in.shadow {
-		cctx = pgratelimit.WithShadow(cctx)
-	}
-	res, err := pgratelimit.AllowAll(cctx, pgratelimit.Charge{Limiter: in.l, Key: key, Cost: cost})
-	switch {
-	case err != nil && isInputError(err):
-		return nil, in.refuse(ctx, proc, err)
-	case err != nil && ctx.Err() != nil:
-		// The call's own context ended: answering it is moot.
+// answer is the fields to send with decision d, or the error that ends the
+// call.
+func answer(d middleware.Decision) (*middleware.Fields, error) {
+	switch d.Verdict {
+	case middleware.Pass:
+		return nil, nil
+	case middleware.Allow:
+		return &d.Fields, nil
+	case middleware.Deny:
+		ce := connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("connectlimit: rate limit %q exceeded, retry after %s", d.Prefix(), d.Result.RetryAfter))
+		d.Fields.Set(ce.Meta())
+		if detail, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.Result.RetryAfter)}); err == nil {
+			ce.AddDetail(detail)
+		}
+		return nil, ce
+	case middleware.Invalid:
+		return nil, connect.NewError(connect.CodeInvalidArgument, d.Err)
+	case middleware.Ended:
 		code := connect.CodeCanceled
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if errors.Is(d.Err, context.DeadlineExceeded) {
 			code = connect.CodeDeadlineExceeded
 		}
-		return nil, connect.NewError(code, ctx.Err())
-	case err != nil:
-		open := in.failOpen || in.shadow
-		in.logger.ErrorContext(ctx, "connectlimit: rate-limit check failed", "procedure", proc, "error", err, "fail_open", open)
-		if open {
-			return nil, nil
-		}
+		return nil, connect.NewError(code, d.Err)
+	default: // Unavailable
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("connectlimit: rate limiter unavailable"))
-	case in.shadow:
-		if !res.Allowed {
-			in.logger.WarnContext(ctx, "connectlimit: shadow: would deny", "procedure", proc,
-				"key", key, "prefix", in.l.Config().Prefix, "retry_after", res.RetryAfter)
-		}
-		return nil, nil
 	}
-	f := httplimit.FieldsFor([]*pgratelimit.Limiter{in.l}, res)
-	if res.Allowed {
-		return &f, nil
-	}
-	ce := connect.NewError(connect.CodeResourceExhausted,
-		fmt.Errorf("connectlimit: rate limit %q exceeded, retry after %s", in.l.Config().Prefix, res.RetryAfter))
-	setFields(ce.Meta(), &f)
-	if d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
-		ce.AddDetail(d)
-	}
-	return nil, ce
-}
-
-// refuse answers a call that could not be checked for its own fault (no key,
-// an invalid key or cost): connect.CodeInvalidArgument, or on to the handler
-// in shadow mode.
-func (in *interceptor) refuse(ctx context.Context, procedure string, err error) error {
-	if in.shadow {
-		in.logger.WarnContext(ctx, "connectlimit: shadow: call not checked", "procedure", procedure, "error", err)
-		return nil
-	}
-	return connect.NewError(connect.CodeInvalidArgument, err)
-}
-
-func isInputError(err error) bool {
-	return errors.Is(err, pgratelimit.ErrInvalidKey) || errors.Is(err, pgratelimit.ErrInvalidCost) ||
-		errors.Is(err, pgratelimit.ErrCostExceedsCapacity)
 }

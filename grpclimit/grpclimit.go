@@ -53,8 +53,6 @@ package grpclimit
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,6 +67,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
@@ -109,7 +108,7 @@ func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
 // connectlimit.KeyByProcedure makes the same keys.
 func KeyByMethod() KeyFunc {
 	return func(_ context.Context, fullMethod string) (string, error) {
-		return "method:" + fullMethod, nil
+		return middleware.MethodKey(fullMethod), nil
 	}
 }
 
@@ -125,39 +124,32 @@ func KeyByMetadata(name string) KeyFunc {
 		if len(vs) == 0 || vs[0] == "" {
 			return "", fmt.Errorf("%w: metadata %s is missing", ErrNoKey, name)
 		}
-		sum := sha256.Sum256([]byte(vs[0]))
-		return "hdr:" + hex.EncodeToString(sum[:]), nil
+		return middleware.SecretKey(vs[0]), nil
 	}
 }
 
 // DefaultCheckTimeout is the bound on each check unless WithCheckTimeout
 // sets another: far above a healthy check (a millisecond or a few), well
 // below the deadlines of most clients.
-const DefaultCheckTimeout = 2 * time.Second
+const DefaultCheckTimeout = middleware.DefaultCheckTimeout
 
 // An Option configures the interceptors.
 type Option func(*options)
 
-type options struct {
-	key      KeyFunc
-	cost     func(ctx context.Context, fullMethod string) int64
-	failOpen bool
-	shadow   bool
-	logger   *slog.Logger
-	timeout  time.Duration
-}
+// options are the core's, for calls named by their full method.
+type options = middleware.Config[string]
 
 // WithKeyFunc sets how a call's key is found. Defaults to
 // KeyByPeer(httplimit.IPKeyConfig{}): the direct peer's address, trusting no
 // proxy.
 func WithKeyFunc(f KeyFunc) Option {
-	return func(o *options) { o.key = f }
+	return func(o *options) { o.Key = f }
 }
 
 // WithCost sets how many tokens a call takes, by method for example.
 // Defaults to 1 for every call.
 func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
-	return func(o *options) { o.cost = f }
+	return func(o *options) { o.Cost = f }
 }
 
 // WithFailOpen lets calls through, without rate-limit metadata, when the
@@ -165,7 +157,7 @@ func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
 // Without it the interceptors fail closed: codes.Unavailable. Either way the
 // error is logged.
 func WithFailOpen() Option {
-	return func(o *options) { o.failOpen = true }
+	return func(o *options) { o.FailOpen = true }
 }
 
 // WithShadow checks every call but denies none: would-be denials are logged
@@ -174,13 +166,13 @@ func WithFailOpen() Option {
 // when it fails or the call has no key, logged too). Use it to roll a new
 // limit out: shadow first, read the would-be denials, then enforce.
 func WithShadow() Option {
-	return func(o *options) { o.shadow = true }
+	return func(o *options) { o.Shadow = true }
 }
 
 // WithLogger sets the logger of database errors and, in shadow mode, of
 // would-be denials. Defaults to slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.logger = l }
+	return func(o *options) { o.Logger = l }
 }
 
 // WithCheckTimeout bounds each check, from taking a database connection to
@@ -190,101 +182,62 @@ func WithLogger(l *slog.Logger) Option {
 // is sooner. Defaults to DefaultCheckTimeout; zero keeps the default and a
 // negative d sets no bound but the call's context.
 func WithCheckTimeout(d time.Duration) Option {
-	return func(o *options) { o.timeout = d }
+	return func(o *options) { o.CheckTimeout = d }
 }
 
 // checker checks calls against one limiter with the options.
 type checker struct {
-	l *pgratelimit.Limiter
-	options
+	core *middleware.Core[string] // of full method names
 }
 
 func newChecker(l *pgratelimit.Limiter, opts []Option) *checker {
-	c := &checker{l: l}
+	limiters := []*pgratelimit.Limiter{l}
+	cfg := options{
+		Name:     "grpclimit",
+		Noun:     "call",
+		Attrs:    func(fullMethod string) []any { return []any{"method", fullMethod} },
+		Limiters: func(context.Context, string, string) ([]*pgratelimit.Limiter, error) { return limiters, nil },
+		// A call whose context ended gets that context's status.
+		ReportEnded: true,
+	}
 	for _, o := range opts {
-		o(&c.options)
+		o(&cfg)
 	}
-	if c.logger == nil {
-		c.logger = slog.Default()
+	if cfg.Key == nil {
+		cfg.Key = KeyByPeer(httplimit.IPKeyConfig{})
 	}
-	if c.timeout == 0 {
-		c.timeout = DefaultCheckTimeout
-	}
-	if c.key == nil {
-		c.key = KeyByPeer(httplimit.IPKeyConfig{})
-	}
-	return c
+	return &checker{core: middleware.New(cfg)}
 }
 
 // check checks a call to fullMethod. It returns the header metadata to send
-// (nil for none) and, when the call must not go on, its status error.
-func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, error) {
-	key, err := c.key(ctx, fullMethod)
-	if err != nil {
-		return nil, c.refuse(ctx, fullMethod, err)
-	}
-	cost := int64(1)
-	if c.cost != nil {
-		cost = c.cost(ctx, fullMethod)
-	}
-	cctx := ctx
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		cctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
-	if c.shadow {
-		cctx = pgratelimit.WithShadow(cctx)
-	}
-	charges := []pgratelimit.Charge{{Limiter: c.l, Key: key, Cost: cost}}
-	res, err := pgratelimit.AllowAll(cctx, charges...)
-	switch {
-	case err != nil && isInputError(err):
-		return nil, c.refuse(ctx, fullMethod, err)
-	case err != nil && ctx.Err() != nil:
-		// The call's own context ended: answering it is moot.
-		return nil, status.FromContextError(ctx.Err()).Err()
-	case err != nil:
-		open := c.failOpen || c.shadow
-		c.logger.ErrorContext(ctx, "grpclimit: rate-limit check failed", "method", fullMethod, "error", err, "fail_open", open)
-		if open {
-			return nil, nil
-		}
-		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
-	case c.shadow:
-		if !res.Allowed {
-			c.logger.WarnContext(ctx, "grpclimit: shadow: would deny", "method", fullMethod,
-				"key", key, "prefix", c.l.Config().Prefix, "retry_after", res.RetryAfter)
-		}
+// (nil for none), the func to call when the call has ended (never nil) and,
+// when the call must not go on, its status error.
+func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, func(), error) {
+	d, release := c.core.Check(ctx, fullMethod)
+	md, err := answer(d)
+	return md, release, err
+}
+
+// answer is the header metadata and the status error of decision d.
+func answer(d middleware.Decision) (metadata.MD, error) {
+	switch d.Verdict {
+	case middleware.Pass:
 		return nil, nil
+	case middleware.Allow:
+		return metadata.Pairs(d.Fields.Pairs()...), nil
+	case middleware.Deny:
+		st := status.New(codes.ResourceExhausted, fmt.Sprintf("grpclimit: rate limit %q exceeded, retry after %s", d.Prefix(), d.Result.RetryAfter))
+		if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d.Result.RetryAfter)}); err == nil {
+			st = withInfo
+		}
+		return metadata.Pairs(d.Fields.Pairs()...), st.Err()
+	case middleware.Invalid:
+		return nil, status.Error(codes.InvalidArgument, d.Err.Error())
+	case middleware.Ended:
+		return nil, status.FromContextError(d.Err).Err()
+	default: // Unavailable
+		return nil, status.Error(codes.Unavailable, "grpclimit: rate limiter unavailable")
 	}
-	f := httplimit.FieldsFor([]*pgratelimit.Limiter{c.l}, res)
-	md := metadata.Pairs("ratelimit-policy", f.Policy, "ratelimit", f.RateLimit)
-	if res.Allowed {
-		return md, nil
-	}
-	md.Set("retry-after", f.RetryAfter)
-	st := status.New(codes.ResourceExhausted, fmt.Sprintf("grpclimit: rate limit %q exceeded, retry after %s", c.l.Config().Prefix, res.RetryAfter))
-	if d, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(res.RetryAfter)}); err == nil {
-		st = d
-	}
-	return md, st.Err()
-}
-
-// refuse answers a call that could not be checked for its own fault (no key,
-// an invalid key or cost): codes.InvalidArgument, or on to the handler in
-// shadow mode.
-func (c *checker) refuse(ctx context.Context, fullMethod string, err error) error {
-	if c.shadow {
-		c.logger.WarnContext(ctx, "grpclimit: shadow: call not checked", "method", fullMethod, "error", err)
-		return nil
-	}
-	return status.Error(codes.InvalidArgument, err.Error())
-}
-
-func isInputError(err error) bool {
-	return errors.Is(err, pgratelimit.ErrInvalidKey) || errors.Is(err, pgratelimit.ErrInvalidCost) ||
-		errors.Is(err, pgratelimit.ErrCostExceedsCapacity)
 }
 
 // UnaryServerInterceptor returns a unary server interceptor that checks
@@ -293,7 +246,8 @@ func isInputError(err error) bool {
 func UnaryServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
 	c := newChecker(l, opts)
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, err := c.check(ctx, info.FullMethod)
+		md, release, err := c.check(ctx, info.FullMethod)
+		defer release()
 		if md != nil {
 			// Fails only outside a server's call (no stream in ctx), when
 			// there is no one to send it to.
@@ -313,7 +267,8 @@ func UnaryServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.UnarySe
 func StreamServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
 	c := newChecker(l, opts)
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, err := c.check(ss.Context(), info.FullMethod)
+		md, release, err := c.check(ss.Context(), info.FullMethod)
+		defer release()
 		if md != nil {
 			_ = ss.SetHeader(md)
 		}
@@ -346,7 +301,10 @@ type middlewareLimiter struct{ c *checker }
 // Limit checks the call of ctx; a non-nil error denies it.
 func (m middlewareLimiter) Limit(ctx context.Context) error {
 	method, _ := grpc.Method(ctx)
-	md, err := m.c.check(ctx, method)
+	md, release, err := m.c.check(ctx, method)
+	// The chain calls Limit before the handler and nothing after it: a
+	// check cannot hold anything for the call's duration here.
+	release()
 	if md != nil {
 		_ = grpc.SetHeader(ctx, md)
 	}

@@ -62,12 +62,9 @@ package httplimit
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -75,6 +72,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -148,7 +146,7 @@ type Options struct {
 // DefaultCheckTimeout is the bound on each check when Options.CheckTimeout
 // is zero: far above a healthy check (a millisecond or a few), well below
 // the timeouts of clients and load balancers.
-const DefaultCheckTimeout = 2 * time.Second
+const DefaultCheckTimeout = middleware.DefaultCheckTimeout
 
 // Middleware returns middleware that checks every request against l before
 // passing it on. See the package doc for headers, keys and failures.
@@ -164,59 +162,22 @@ func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Ha
 // key, say). Every limiter must use the same pool.
 func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Handler) http.Handler {
 	opts = opts.withDefaults(limiters)
+	core := middleware.New(opts.core())
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			ctx := r.Context()
-			// refuse answers a request that could not be checked, or passes
-			// it on in shadow mode.
-			refuse := func(err error) {
-				if opts.Shadow {
-					opts.Logger.WarnContext(ctx, "httplimit: shadow: request not checked", "error", err)
-					next.ServeHTTP(w, r)
-					return
-				}
-				opts.ErrorHandler(w, r, err)
-			}
-			key, err := opts.KeyFunc(r)
-			if err != nil {
-				refuse(err)
-				return
-			}
-			ls, err := opts.Limiters(r, key)
-			if err != nil {
-				refuse(err)
-				return
-			}
-			cost := int64(1)
-			if opts.Cost != nil {
-				cost = opts.Cost(r)
-			}
-			charges := make([]pgratelimit.Charge, len(ls))
-			for i, l := range ls {
-				charges[i] = pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}
-			}
-			res, err := check(ctx, opts.Shadow, opts.CheckTimeout, charges)
-			switch {
-			case err != nil && isInputError(err):
-				refuse(err)
-			case err != nil:
-				opts.Logger.ErrorContext(ctx, "httplimit: rate-limit check failed", "error", err, "fail_open", opts.FailOpen || opts.Shadow)
-				if opts.FailOpen || opts.Shadow {
-					next.ServeHTTP(w, r)
-				} else {
-					opts.ErrorHandler(w, r, err)
-				}
-			case opts.Shadow:
-				if !res.Allowed {
-					logShadowDenial(ctx, opts.Logger, key, ls, res)
-				}
+			d, release := core.Check(r.Context(), r)
+			defer release()
+			switch d.Verdict {
+			case middleware.Pass:
 				next.ServeHTTP(w, r)
-			case !res.Allowed:
-				setHeaders(w.Header(), ls, res, opts.LegacyHeaders)
+			case middleware.Allow:
+				setHeaders(w.Header(), d, opts.LegacyHeaders)
+				next.ServeHTTP(w, r)
+			case middleware.Deny:
+				setHeaders(w.Header(), d, opts.LegacyHeaders)
 				opts.DeniedHandler.ServeHTTP(w, r)
-			default:
-				setHeaders(w.Header(), ls, res, opts.LegacyHeaders)
-				next.ServeHTTP(w, r)
+			default: // Invalid, Unavailable
+				opts.ErrorHandler(w, r, d.Err)
 			}
 		})
 	}
@@ -236,53 +197,51 @@ func (opts Options) withDefaults(limiters []*pgratelimit.Limiter) Options {
 	if opts.ErrorHandler == nil {
 		opts.ErrorHandler = defaultErrorHandler
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
 	if opts.Limiters == nil {
 		opts.Limiters = func(*http.Request, string) ([]*pgratelimit.Limiter, error) { return limiters, nil }
-	}
-	if opts.CheckTimeout == 0 {
-		opts.CheckTimeout = DefaultCheckTimeout
 	}
 	return opts
 }
 
-// setHeaders sets the rate-limit fields of the answer to a check of ls that
-// gave res, and Retry-After when it was denied.
-func setHeaders(h http.Header, ls []*pgratelimit.Limiter, res pgratelimit.MultiResult, legacy bool) {
-	f := FieldsFor(ls, res)
-	h.Set("RateLimit-Policy", f.Policy)
-	h.Set("RateLimit", f.RateLimit)
-	if legacy {
-		top := res.Results[closest(res)]
-		h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
-		h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
-		h.Set("X-RateLimit-Reset", strconv.FormatInt(ceilSeconds(top.ResetAfter), 10))
+// core is the configuration of the middleware's core: a request whose
+// context ends during a failed check is a failure like any other (logged,
+// then 503 or on).
+func (opts Options) core() middleware.Config[*http.Request] {
+	cfg := middleware.Config[*http.Request]{
+		Name: "httplimit",
+		Noun: "request",
+		Key:  func(_ context.Context, r *http.Request) (string, error) { return opts.KeyFunc(r) },
+		Limiters: func(_ context.Context, r *http.Request, key string) ([]*pgratelimit.Limiter, error) {
+			return opts.Limiters(r, key)
+		},
+		FailOpen:     opts.FailOpen,
+		Shadow:       opts.Shadow,
+		CheckTimeout: opts.CheckTimeout,
+		Logger:       opts.Logger,
 	}
-	if !res.Allowed {
-		h.Set("Retry-After", f.RetryAfter)
+	if opts.Cost != nil {
+		cfg.Cost = func(_ context.Context, r *http.Request) int64 { return opts.Cost(r) }
 	}
+	return cfg
 }
 
-// check runs the charges with ctx bounded by timeout (when > 0), as a shadow
-// check when shadow is set.
-func check(ctx context.Context, shadow bool, timeout time.Duration, charges []pgratelimit.Charge) (pgratelimit.MultiResult, error) {
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
+// setHeaders sets the rate-limit fields of the answer d (Allow or Deny),
+// including Retry-After when it was denied, and the legacy ones if asked.
+func setHeaders(h http.Header, d middleware.Decision, legacy bool) {
+	d.Fields.Set(h)
+	if legacy {
+		top := d.Result.Results[d.Reported()]
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(top.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(top.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(middleware.CeilSeconds(top.ResetAfter), 10))
 	}
-	if shadow {
-		ctx = pgratelimit.WithShadow(ctx)
-	}
-	return pgratelimit.AllowAll(ctx, charges...)
 }
 
 // Fields are the rate-limit fields of the answer to a check, as Middleware
 // sends them (see the package doc). They are exported for adapters of other
-// protocols (the gRPC and Connect interceptors of this repository send them
-// as response metadata), so that every transport reports a limit alike.
+// protocols, so that every transport reports a limit alike (the gRPC and
+// Connect interceptors of this repository send the same fields as response
+// metadata).
 type Fields struct {
 	// Policy is the value of RateLimit-Policy: every limiter's policy, in
 	// the order given.
@@ -299,130 +258,20 @@ type Fields struct {
 // FieldsFor returns the fields of the answer to a check of limiters (in the
 // order charged, as given to pgratelimit.AllowAll) that gave res.
 func FieldsFor(limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) Fields {
-	policies := make([]string, len(limiters))
-	for i, l := range limiters {
-		cfg := l.Config()
-		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", sfString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(window(cfg, time.Now())))
-	}
-	i := closest(res)
-	top := res.Results[i]
-	f := Fields{
-		Policy:    strings.Join(policies, ", "),
-		RateLimit: fmt.Sprintf("%s;r=%d;t=%d", sfString(limiters[i].Config().Prefix), sfInt(top.Remaining), sfInt(ceilSeconds(top.ResetAfter))),
-	}
-	if !res.Allowed {
-		f.RetryAfter = strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10)
-	}
-	return f
-}
-
-// logShadowDenial logs, at Warn, that a shadow check of key would have been
-// denied: the key as given (hashed by KeyByHeader), the prefix of the limiter
-// that denied it (the longest wait) and the retry delay.
-func logShadowDenial(ctx context.Context, logger *slog.Logger, key string, limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) {
-	logger.WarnContext(ctx, "httplimit: shadow: would deny",
-		"key", key,
-		"prefix", limiters[closest(res)].Config().Prefix,
-		"retry_after", res.RetryAfter)
-}
-
-// closest is the index of the policy that RateLimit reports: when denied, the
-// one that denied with the longest wait; when allowed, the one with the
-// smallest share of its quota left (then the longest until full).
-func closest(m pgratelimit.MultiResult) int {
-	best := 0
-	for i, r := range m.Results[1:] {
-		i++
-		b := m.Results[best]
-		switch {
-		case !m.Allowed:
-			if (!r.Allowed && b.Allowed) || (r.Allowed == b.Allowed && r.RetryAfter > b.RetryAfter) {
-				best = i
-			}
-		default:
-			// r.Remaining/r.Limit < b.Remaining/b.Limit, without overflow.
-			lhs := new(big.Int).Mul(big.NewInt(r.Remaining), big.NewInt(b.Limit))
-			rhs := new(big.Int).Mul(big.NewInt(b.Remaining), big.NewInt(r.Limit))
-			if c := lhs.Cmp(rhs); c < 0 || (c == 0 && r.ResetAfter > b.ResetAfter) {
-				best = i
-			}
-		}
-	}
-	return best
+	return Fields(middleware.FieldsFor(limiters, res))
 }
 
 // MaxSFInteger is the largest integer a Structured Field (RFC 8941) can carry:
 // 15 digits. Larger numbers in RateLimit-Policy and RateLimit are sent as
 // this, so that strict parsers accept the fields.
-const MaxSFInteger = 999_999_999_999_999
-
-func sfInt(n int64) int64 { return min(n, MaxSFInteger) }
-
-func isInputError(err error) bool {
-	return errors.Is(err, pgratelimit.ErrInvalidKey) || errors.Is(err, pgratelimit.ErrInvalidCost) ||
-		errors.Is(err, pgratelimit.ErrCostExceedsCapacity)
-}
+const MaxSFInteger = middleware.MaxSFInteger
 
 func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
-	if errors.Is(err, ErrNoKey) || isInputError(err) {
+	if errors.Is(err, ErrNoKey) || middleware.IsInputError(err) {
 		http.Error(w, "400 bad request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	http.Error(w, "503 service unavailable: rate limiter unavailable", http.StatusServiceUnavailable)
-}
-
-// window is the seconds an empty bucket takes to fill, rounded up; for a
-// calendar, the seconds from now until the boundary that fills an empty
-// bucket: the seconds left in the period when Refill is Capacity.
-func window(cfg pgratelimit.Config, now time.Time) int64 {
-	refills := cfg.Capacity / cfg.Refill
-	if cfg.Capacity%cfg.Refill != 0 {
-		refills++
-	}
-	if cfg.Calendar != (pgratelimit.Calendar{}) {
-		end := cfg.Calendar.Next(now)
-		for n := int64(1); n < refills && n < maxPeriods; n++ {
-			end = cfg.Calendar.Next(end)
-		}
-		return ceilSeconds(end.Sub(now))
-	}
-	if refills > int64(time.Duration(1<<63-1)/cfg.Interval) {
-		return ceilSeconds(time.Duration(1<<63 - 1))
-	}
-	return ceilSeconds(time.Duration(refills) * cfg.Interval)
-}
-
-// maxPeriods bounds the calendar periods a window counts.
-const maxPeriods = 1200
-
-// ceilSeconds rounds d up to whole seconds: never earlier than the truth.
-func ceilSeconds(d time.Duration) int64 {
-	s := int64(d / time.Second)
-	if d%time.Second > 0 {
-		s++
-	}
-	return s
-}
-
-// sfString encodes s as a Structured Field String (RFC 8941): printable
-// ASCII, with '"' and '\' escaped; other bytes become '?'.
-func sfString(s string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c > 0x7e:
-			b.WriteByte('?')
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }
 
 // IPKeyConfig configures KeyByIP.
@@ -535,7 +384,6 @@ func KeyByHeader(name string) KeyFunc {
 		if v == "" {
 			return "", fmt.Errorf("%w: header %s is missing", ErrNoKey, name)
 		}
-		sum := sha256.Sum256([]byte(v))
-		return "hdr:" + hex.EncodeToString(sum[:]), nil
+		return middleware.SecretKey(v), nil
 	}
 }
