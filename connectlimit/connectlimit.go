@@ -30,6 +30,16 @@
 // (errdetails.RetryInfo) whose RetryDelay is the exact wait. A call without a
 // key, or with an invalid key or cost, ends with connect.CodeInvalidArgument.
 //
+// # Exemptions
+//
+// WithExempt lets calls through unchecked: a call it says is exempt is not
+// keyed, costs nothing, never reaches the limiter and gets no rate-limit
+// headers, in shadow mode too. ExemptProcedures exempts procedures or whole
+// services by name, such as health checks and reflection:
+//
+//	connectlimit.WithExempt(connectlimit.ExemptProcedures("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
+//
 // # Failures and timeouts
 //
 // When the database fails, the interceptor fails closed with
@@ -141,6 +151,27 @@ type options = middleware.Config[Call]
 // proxy.
 func WithKeyFunc(f KeyFunc) Option {
 	return func(o *options) { o.Key = f }
+}
+
+// WithExempt lets the calls that exempt reports true for through unchecked:
+// no key, no check, no rate-limit headers, whatever the other options say,
+// in shadow mode too. ExemptProcedures makes one for health checks and
+// reflection. Defaults to none: every call is checked.
+func WithExempt(exempt func(ctx context.Context, call Call) bool) Option {
+	return func(o *options) { o.Exempt = exempt }
+}
+
+// ExemptProcedures returns a func for WithExempt that exempts the calls of
+// names: procedures ("/package.Service/Method", the leading slash optional)
+// or whole services ("package.Service", each of its procedures). For the
+// standard health and reflection services (connectrpc.com/grpchealth and
+// connectrpc.com/grpcreflect):
+//
+//	connectlimit.ExemptProcedures("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")
+func ExemptProcedures(names ...string) func(ctx context.Context, call Call) bool {
+	match := middleware.MatchMethods(names...)
+	return func(_ context.Context, call Call) bool { return match(call.Spec.Procedure) }
 }
 
 // WithCost sets how many tokens a call takes, by procedure for example.
@@ -273,7 +304,7 @@ func (in *interceptor) check(ctx context.Context, call Call) (*middleware.Fields
 // call.
 func answer(d middleware.Decision) (*middleware.Fields, error) {
 	switch d.Verdict {
-	case middleware.Pass:
+	case middleware.Exempt, middleware.Pass:
 		return nil, nil
 	case middleware.Allow:
 		return &d.Fields, nil

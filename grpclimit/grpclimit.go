@@ -30,6 +30,16 @@
 // whole seconds, rounded up. A call without a key, or with an invalid key or
 // cost, ends with codes.InvalidArgument.
 //
+// # Exemptions
+//
+// WithExempt lets calls through unchecked: a call it says is exempt is not
+// keyed, costs nothing, never reaches the limiter and gets no rate-limit
+// metadata, in shadow mode too. ExemptMethods exempts methods or whole
+// services by name, such as health checks and reflection:
+//
+//	grpclimit.WithExempt(grpclimit.ExemptMethods("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
+//
 // # Failures and timeouts
 //
 // When the database fails, the interceptors fail closed with
@@ -146,6 +156,26 @@ func WithKeyFunc(f KeyFunc) Option {
 	return func(o *options) { o.Key = f }
 }
 
+// WithExempt lets the calls that exempt reports true for through unchecked:
+// no key, no check, no rate-limit metadata, whatever the other options say,
+// in shadow mode too. ExemptMethods makes one for health checks and
+// reflection. Defaults to none: every call is checked.
+func WithExempt(exempt func(ctx context.Context, fullMethod string) bool) Option {
+	return func(o *options) { o.Exempt = exempt }
+}
+
+// ExemptMethods returns a func for WithExempt that exempts the calls of
+// names: methods ("/package.Service/Method", the leading slash optional) or
+// whole services ("package.Service", each of its methods). For the standard
+// health and reflection services:
+//
+//	grpclimit.ExemptMethods("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")
+func ExemptMethods(names ...string) func(ctx context.Context, fullMethod string) bool {
+	match := middleware.MatchMethods(names...)
+	return func(_ context.Context, fullMethod string) bool { return match(fullMethod) }
+}
+
 // WithCost sets how many tokens a call takes, by method for example.
 // Defaults to 1 for every call.
 func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
@@ -221,7 +251,7 @@ func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, fu
 // answer is the header metadata and the status error of decision d.
 func answer(d middleware.Decision) (metadata.MD, error) {
 	switch d.Verdict {
-	case middleware.Pass:
+	case middleware.Exempt, middleware.Pass:
 		return nil, nil
 	case middleware.Allow:
 		return metadata.Pairs(d.Fields.Pairs()...), nil

@@ -2,19 +2,21 @@
 // repository shares: httplimit (net/http), grpclimit (grpc-go) and
 // connectlimit (connect-go) each turn a request into a Check of a Core, and
 // the Decision into their protocol's answer. Everything else is here, once:
-// a request's key, limiters and cost, the check bounded by a timeout,
-// shadow mode, failing open or closed, the logs, and the rate-limit fields
-// of the answer (RateLimit-Policy, RateLimit, Retry-After).
+// whether a request is exempt, its key, limiters and cost, the check bounded
+// by a timeout, shadow mode, failing open or closed, the logs, and the
+// rate-limit fields of the answer (RateLimit-Policy, RateLimit,
+// Retry-After).
 //
 // # A request's path
 //
-//	Key -> Limiters -> Cost -> pgratelimit.AllowAll -> Decision
+//	Exempt? -> Key -> Limiters -> Cost -> pgratelimit.AllowAll -> Decision
 //
-// A request that has no key, whose limiters cannot be found, or whose key
-// or cost pgratelimit refuses is Invalid. A check that fails is Unavailable
-// (failing closed) or Pass (failing open); one whose request's context ended
-// first is Ended, when the adapter asks for it. Otherwise the check's answer
-// is Allow or Deny, with the fields to send, or Pass in shadow mode.
+// An exempt request is not checked at all. A request that has no key, whose
+// limiters cannot be found, or whose key or cost pgratelimit refuses is
+// Invalid. A check that fails is Unavailable (failing closed) or Pass
+// (failing open); one whose request's context ended first is Ended, when the
+// adapter asks for it. Otherwise the check's answer is Allow or Deny, with
+// the fields to send, or Pass in shadow mode.
 //
 // # Holding for the request's duration
 //
@@ -57,6 +59,10 @@ type Config[R any] struct {
 	// Defaults to none.
 	Attrs func(r R) []any
 
+	// Exempt reports whether a request is exempt: not checked at all, and
+	// answered without rate-limit fields. Defaults to none exempt.
+	Exempt func(ctx context.Context, r R) bool
+
 	// Key returns a request's rate-limit key; an error makes it Invalid.
 	// Required.
 	Key func(ctx context.Context, r R) (string, error)
@@ -72,8 +78,8 @@ type Config[R any] struct {
 	// to false: Unavailable.
 	FailOpen bool
 
-	// Shadow checks every request but denies none: every Decision is Pass,
-	// and would-be denials and refusals are logged at Warn.
+	// Shadow checks every request but denies none: every Decision is Pass
+	// or Exempt, and would-be denials and refusals are logged at Warn.
 	Shadow bool
 
 	// CheckTimeout bounds each check. Defaults to DefaultCheckTimeout; a
@@ -125,9 +131,12 @@ func New[R any](cfg Config[R]) *Core[R] {
 type Verdict int
 
 const (
+	// Exempt: the request was not checked (Config.Exempt). Go on, without
+	// rate-limit fields.
+	Exempt Verdict = iota
 	// Pass: go on without rate-limit fields; shadow mode, or a failed check
 	// failing open (Decision.Err is the failure).
-	Pass Verdict = iota
+	Pass
 	// Allow: go on, with Decision.Fields.
 	Allow
 	// Deny: the request is rate limited; answer with Decision.Fields (which
@@ -147,6 +156,8 @@ const (
 // String returns the verdict's name.
 func (v Verdict) String() string {
 	switch v {
+	case Exempt:
+		return "exempt"
 	case Pass:
 		return "pass"
 	case Allow:
@@ -194,6 +205,9 @@ func nothing() {}
 // never nil: call it when the request has ended, also when its handler
 // panics (defer it), whatever the Decision.
 func (c *Core[R]) Check(ctx context.Context, r R) (Decision, func()) {
+	if c.cfg.Exempt != nil && c.cfg.Exempt(ctx, r) {
+		return Decision{Verdict: Exempt}, nothing
+	}
 	key, err := c.cfg.Key(ctx, r)
 	if err != nil {
 		return c.refuse(ctx, r, err), nothing

@@ -97,6 +97,31 @@ func check(t *testing.T, c *Core[string], ctx context.Context, name string) Deci
 	return d
 }
 
+// An exempt request is decided before anything else is asked of it: no key,
+// no limiters, no cost, no check, no log, even in shadow mode.
+func TestExempt(t *testing.T) {
+	t.Parallel()
+	logs := &records{}
+	cfg := config(unreachable(t), logs)
+	touched := func(what string) { t.Errorf("%s asked for an exempt request", what) }
+	cfg.Key = func(context.Context, string) (string, error) { touched("key"); return "k", nil }
+	cfg.Limiters = func(context.Context, string, string) ([]*pgratelimit.Limiter, error) {
+		touched("limiters")
+		return nil, errors.New("no")
+	}
+	cfg.Cost = func(context.Context, string) int64 { touched("cost"); return 1 }
+	cfg.Exempt = func(_ context.Context, name string) bool { return name == "health" }
+	for _, shadow := range []bool{false, true} {
+		cfg.Shadow = shadow
+		if d := check(t, New(cfg), context.Background(), "health"); d.Verdict != Exempt || d.Err != nil || d.Fields != (Fields{}) {
+			t.Fatalf("shadow %v: %+v, want an exempt decision and nothing else", shadow, d)
+		}
+	}
+	if got := logs.get(); len(got) != 0 {
+		t.Fatalf("logs %q for exempt requests", got)
+	}
+}
+
 // A request without a key or limiters, or with a cost pgratelimit refuses,
 // is Invalid; in shadow mode it passes, logged.
 func TestInvalid(t *testing.T) {
@@ -187,6 +212,33 @@ func TestNewPanicsWithoutRequiredFields(t *testing.T) {
 		}
 	}()
 	New(Config[string]{})
+}
+
+func TestMatchMethods(t *testing.T) {
+	match := MatchMethods("grpc.health.v1.Health", "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+		"pkg.Svc/Ping", "other.Svc/", "")
+	for method, want := range map[string]bool{
+		"/grpc.health.v1.Health/Check":                                   true,
+		"/grpc.health.v1.Health/Watch":                                   true,
+		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      true,
+		"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": false,
+		"/pkg.Svc/Ping":                       true,
+		"/pkg.Svc/Pong":                       false,
+		"/other.Svc/Anything":                 true,
+		"/grpc.health.v1.HealthX/Check":       false,
+		"/grpc.health.v1/Health/Check":        false,
+		"grpc.health.v1.Health":               false,
+		"":                                    false,
+		"/":                                   false,
+		"/grpc.health.v1.Health.Check/Method": false,
+	} {
+		if got := match(method); got != want {
+			t.Errorf("%q: %v, want %v", method, got, want)
+		}
+	}
+	if MatchMethods()("/a.B/C") {
+		t.Error("no names matched a method")
+	}
 }
 
 func TestFields(t *testing.T) {

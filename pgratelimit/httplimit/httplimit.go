@@ -37,6 +37,14 @@
 // Keys are stored in plain text in the bucket table: KeyByHeader hashes the
 // header value, and a custom KeyFunc should hash anything secret too.
 //
+// # Exemptions
+//
+// Options.Exempt lets requests through unchecked: a request it says is
+// exempt is not keyed, costs nothing, never reaches the limiter and gets no
+// rate-limit headers, in shadow mode too. ExemptPaths exempts exact paths:
+//
+//	httplimit.Options{Exempt: httplimit.ExemptPaths("/healthz", "/readyz")}
+//
 // # Failures and timeouts
 //
 // When the database fails, the middleware fails closed (503) by default, or
@@ -89,6 +97,12 @@ type Options struct {
 	// KeyFunc picks the bucket of a request. Defaults to KeyByIP(IPKeyConfig{}):
 	// the direct peer's address, trusting no proxy.
 	KeyFunc KeyFunc
+
+	// Exempt, when it returns true, lets a request through unchecked: no
+	// key, no check, no rate-limit headers, whatever the other options say
+	// (health checks, metrics). ExemptPaths makes one. Defaults to nil:
+	// every request is checked.
+	Exempt func(r *http.Request) bool
 
 	// Cost is how many tokens a request takes. Defaults to 1 for every
 	// request.
@@ -168,7 +182,7 @@ func MiddlewareAll(limiters []*pgratelimit.Limiter, opts Options) func(http.Hand
 			d, release := core.Check(r.Context(), r)
 			defer release()
 			switch d.Verdict {
-			case middleware.Pass:
+			case middleware.Exempt, middleware.Pass:
 				next.ServeHTTP(w, r)
 			case middleware.Allow:
 				setHeaders(w.Header(), d, opts.LegacyHeaders)
@@ -218,6 +232,9 @@ func (opts Options) core() middleware.Config[*http.Request] {
 		Shadow:       opts.Shadow,
 		CheckTimeout: opts.CheckTimeout,
 		Logger:       opts.Logger,
+	}
+	if opts.Exempt != nil {
+		cfg.Exempt = func(_ context.Context, r *http.Request) bool { return opts.Exempt(r) }
 	}
 	if opts.Cost != nil {
 		cfg.Cost = func(_ context.Context, r *http.Request) int64 { return opts.Cost(r) }
@@ -272,6 +289,18 @@ func defaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 		return
 	}
 	http.Error(w, "503 service unavailable: rate limiter unavailable", http.StatusServiceUnavailable)
+}
+
+// ExemptPaths returns an Options.Exempt that exempts the requests whose URL
+// path is exactly one of paths, such as "/healthz". The match is exact so
+// that no other route can be reached through an exempt path ("/healthz/../x"
+// is checked); exempt a subtree with a func of your own.
+func ExemptPaths(paths ...string) func(r *http.Request) bool {
+	exempt := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		exempt[p] = true
+	}
+	return func(r *http.Request) bool { return exempt[r.URL.Path] }
 }
 
 // IPKeyConfig configures KeyByIP.
