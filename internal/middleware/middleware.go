@@ -127,13 +127,16 @@ func New[R any](cfg Config[R]) *Core[R] {
 	}
 }
 
-// Verdict is what an adapter does with a request.
+// Verdict is what an adapter does with a request. The zero Verdict is none
+// of them: an adapter that meets it (a Decision that no Check made) answers
+// as it does Unavailable, in its switch's default, so that nothing goes on
+// unchecked by mistake.
 type Verdict int
 
 const (
 	// Exempt: the request was not checked (Config.Exempt). Go on, without
 	// rate-limit fields.
-	Exempt Verdict = iota
+	Exempt Verdict = iota + 1
 	// Pass: go on without rate-limit fields; shadow mode, or a failed check
 	// failing open (Decision.Err is the failure).
 	Pass

@@ -259,6 +259,9 @@ func TestFields(t *testing.T) {
 	if got := Deny.String(); got != "deny" {
 		t.Fatalf("%q", got)
 	}
+	if got := (Decision{}).Verdict.String(); got != "Verdict(0)" {
+		t.Fatalf("the zero verdict: %q", got)
+	}
 }
 
 func TestKeys(t *testing.T) {
