@@ -448,6 +448,23 @@ func (w *walker) audit() {
 			sum += g.Amount
 		}
 		require.Equal(t, account.Granted(w.model[k].Grants, now), sum, "key %s: grants", k)
+		for _, id := range w.ids[k] {
+			got, err := l.LookupRequest(ctx, k, id)
+			rec, ok := w.model[k].Records[id]
+			if !ok || !rec.Live(now) {
+				require.ErrorIs(t, err, pgratelimit.ErrUnknownRequest, "key %s, request %s", k, id)
+				continue
+			}
+			require.NoError(t, err)
+			want := pgratelimit.RequestRecord{ID: id, Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOfOutcome(rec.Outcome),
+				Grant: utcGrant(pgratelimit.Grant{ID: rec.Grant.ID, Amount: rec.Grant.Amount, ExpiresAt: rec.Grant.ExpiresAt, GrantedAt: rec.Grant.GrantedAt}),
+				Settled: rec.Settled, Actual: rec.Actual, At: rec.CreatedAt.UTC(), ExpiresAt: rec.ExpiresAt.UTC()}
+			if rec.Settled {
+				want.Settlement = resultOfOutcome(rec.Settlement)
+			}
+			got.Grant, got.At, got.ExpiresAt = utcGrant(got.Grant), got.At.UTC(), got.ExpiresAt.UTC()
+			require.Equal(t, want, got, "key %s, request %s", k, id)
+		}
 	}
 }
 

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
@@ -257,4 +259,76 @@ func (a *attempt) readIDs() []stmt {
 		}
 	}
 	return stmts
+}
+
+// RequestRecord is what the database remembers of a request ID on a key
+// (WithRequestID): the operation it named and the outcome it got.
+type RequestRecord struct {
+	// ID is the request ID.
+	ID string
+	// Kind is what it did: "charge" (AllowN, AllowAll, Wait), "debit",
+	// "refund" or "grant".
+	Kind string
+	// Amount is the cost, debit, refund or grant it asked for.
+	Amount int64
+	// Result is its first outcome, which a retry returns.
+	Result Result
+	// Grant is the grant it made (Kind "grant").
+	Grant Grant
+	// Settled says it was settled (Settle), at Actual, with Settlement as
+	// the settlement's outcome.
+	Settled    bool
+	Actual     int64
+	Settlement Result
+	// At is when it happened, by the check's clock; ExpiresAt when it is
+	// forgotten (Config.RequestIDRetention later): from then on the ID
+	// names a new request.
+	At, ExpiresAt time.Time
+}
+
+// LookupRequest returns what the database remembers of requestID on key's
+// bucket: the operation it named and its first outcome, its settlement, or
+// ErrUnknownRequest if it remembers none (never allowed, or past its
+// retention). It reads and writes nothing else.
+func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (RequestRecord, error) {
+	if err := validateKey(key); err != nil {
+		return RequestRecord{}, err
+	}
+	if _, err := checkRequestID(requestID); err != nil {
+		return RequestRecord{}, err
+	}
+	if !l.client.gate.enter() {
+		return RequestRecord{}, ErrClosed
+	}
+	defer l.client.gate.leave()
+	var (
+		rec   account.Record
+		found bool
+		now   time.Time
+	)
+	b := &pgx.Batch{}
+	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.param()).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&now)
+	})
+	b.Queue(requestSQL.get, l.cfg.Prefix, key, requestID).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var prefix, k, id string
+			var err error
+			if rec, err = scanRecord(rows, []any{&prefix, &k, &id}, l.p.Capacity); err != nil {
+				return err
+			}
+			found = true
+		}
+		return rows.Err()
+	})
+	what := "look up request " + strconv.Quote(requestID) + " of " + quoteKey(key)
+	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
+		return RequestRecord{}, dbError(what, err)
+	}
+	if !found || !rec.Live(now) {
+		return RequestRecord{}, fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, requestID, quoteKey(key), l.cfg.Prefix)
+	}
+	return RequestRecord{ID: requestID, Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOf(rec.Outcome),
+		Grant: grantOf(rec.Grant), Settled: rec.Settled, Actual: rec.Actual, Settlement: resultOf(rec.Settlement),
+		At: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}, nil
 }
