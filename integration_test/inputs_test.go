@@ -157,3 +157,23 @@ func TestNotMigrated(t *testing.T) {
 		}
 	}
 }
+
+// A nil transaction is ErrInvalidConfig in every ...Tx variant, pgx and
+// database/sql alike, never a panic (issue #31).
+func TestNilTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := newLimiter(t, pgratelimit.Config{Prefix: "niltx", Capacity: 10, Refill: 1, Interval: time.Second, Grants: true})
+	_, err := l.AllowNTx(ctx, nil, "k", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.AllowAllTx(ctx, nil, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = l.GrantTx(ctx, nil, "k", 5, time.Time{})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = l.AllowNSQLTx(ctx, nil, "k", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.AllowAllSQLTx(ctx, nil, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = l.GrantSQLTx(ctx, nil, "k", 5, time.Time{})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+}

@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"fmt"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 	"math/big"
 	"net/http"
 	"strconv"
@@ -52,7 +53,12 @@ func FieldsFor(limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) Fie
 	policies := make([]string, len(limiters))
 	for i, l := range limiters {
 		cfg := l.Config()
-		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", SFString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(Window(cfg, time.Now())))
+		now := time.Now()
+		if cfg.Clock != nil {
+			now = cfg.Clock()
+		}
+		w := Window(cfg, res.Results[i], now)
+		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", SFString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(w))
 	}
 	i := closest(res)
 	top := res.Results[i]
@@ -91,26 +97,41 @@ func closest(m pgratelimit.MultiResult) int {
 	return best
 }
 
-// Window is RateLimit-Policy's w for a limiter of cfg at now: the seconds an
-// empty bucket takes to fill, rounded up; for a calendar, the seconds from
-// now until the boundary that fills an empty bucket (the seconds left in the
-// period when Refill is Capacity).
-func Window(cfg pgratelimit.Config, now time.Time) int64 {
+// Window is RateLimit-Policy's w for a limiter of cfg whose check gave r:
+// the seconds an empty bucket takes to fill, rounded up; for a calendar, the
+// seconds from the check's time until the boundary that fills an empty
+// bucket (the seconds left in the period when Refill is Capacity), so that
+// w and RateLimit's t, computed by the same clock, agree. The check's time
+// is the database's clock (or Config.Clock), which the application does not
+// see: a bucket that is not full is full again on a boundary, so the check's
+// time is that boundary (the one nearest to now + r.ResetAfter, now being
+// the application's clock) less r.ResetAfter. For a full bucket, now is
+// taken as it is.
+func Window(cfg pgratelimit.Config, r pgratelimit.Result, now time.Time) int64 {
 	refills := cfg.Capacity / cfg.Refill
+	if cfg.Calendar.Every == 0 {
+		if cfg.Capacity%cfg.Refill != 0 {
+			refills++
+		}
+		if refills > int64(time.Duration(1<<63-1)/cfg.Interval) {
+			return CeilSeconds(time.Duration(1<<63 - 1))
+		}
+		return CeilSeconds(time.Duration(refills) * cfg.Interval)
+	}
 	if cfg.Capacity%cfg.Refill != 0 {
 		refills++
 	}
-	if cfg.Calendar != (pgratelimit.Calendar{}) {
-		end := cfg.Calendar.Next(now)
-		for n := int64(1); n < refills && n < maxPeriods; n++ {
-			end = cfg.Calendar.Next(end)
+	c := cfg.Calendar
+	s := account.Calendar(account.Period(c.Every), c.Location, c.Anchor)
+	if r.Remaining < r.Limit && r.ResetAfter > 0 {
+		full := now.Add(r.ResetAfter)
+		b := s.Floor(full)
+		if next := s.Add(b, 1); next.Sub(full) < full.Sub(b) {
+			b = next
 		}
-		return CeilSeconds(end.Sub(now))
+		now = b.Add(-r.ResetAfter)
 	}
-	if refills > int64(time.Duration(1<<63-1)/cfg.Interval) {
-		return CeilSeconds(time.Duration(1<<63 - 1))
-	}
-	return CeilSeconds(time.Duration(refills) * cfg.Interval)
+	return CeilSeconds(s.Add(s.Floor(now), min(refills, maxPeriods)).Sub(now))
 }
 
 // maxPeriods bounds the calendar periods a window counts.

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/account"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -271,5 +273,31 @@ func TestKeys(t *testing.T) {
 	}
 	if got := MethodKey("/a.B/C"); got != "method:/a.B/C" {
 		t.Fatal(got)
+	}
+}
+
+// w is counted from the check's clock, not the application's: a calendar
+// quota's w and t agree whatever the skew between the two (issue #31).
+func TestWindowByTheChecksClock(t *testing.T) {
+	cfg := pgratelimit.Config{Prefix: "q", Capacity: 1000, Refill: 1000, Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}}
+	p := account.Policy{Capacity: 1000, Refill: 1000, Schedule: account.Calendar(account.Month, nil, time.Time{})}
+	checked := time.Date(2026, 1, 10, 12, 0, 0, 300_000_000, time.UTC)
+	_, c, err := account.Apply(p, account.State{}, checked, account.Op{Kind: account.OpCharge, Amount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := pgratelimit.Result{Allowed: true, Limit: c.Limit, Remaining: c.Remaining, ResetAfter: c.ResetAfter}
+	for _, skew := range []time.Duration{0, 7 * time.Minute, -3 * time.Hour, 11 * time.Hour} {
+		if w, want := Window(cfg, r, checked.Add(skew)), CeilSeconds(r.ResetAfter); w != want {
+			t.Errorf("skew %v: w %d, t %d", skew, w, want)
+		}
+	}
+	// With Refill below Capacity: the boundary that fills an empty bucket.
+	cfg.Refill, p.Refill = 400, 400
+	_, c, _ = account.Apply(p, account.State{}, checked, account.Op{Kind: account.OpCharge, Amount: 500})
+	r = pgratelimit.Result{Allowed: true, Limit: c.Limit, Remaining: c.Remaining, ResetAfter: c.ResetAfter}
+	want := CeilSeconds(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).Sub(checked)) // three refills
+	if w := Window(cfg, r, checked.Add(5*time.Minute)); w != want {
+		t.Errorf("rollover: w %d, want %d", w, want)
 	}
 }

@@ -12,4 +12,6 @@ import (
 
 func sfString(s string) string                           { return middleware.SFString(s) }
 func ceilSeconds(d time.Duration) int64                  { return middleware.CeilSeconds(d) }
-func window(cfg pgratelimit.Config, now time.Time) int64 { return middleware.Window(cfg, now) }
+func window(cfg pgratelimit.Config, now time.Time) int64 {
+	return middleware.Window(cfg, pgratelimit.Result{}, now)
+}
