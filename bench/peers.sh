@@ -12,9 +12,10 @@
 # Contenders: coalesce per-check (ours), tx pipelined upsert (pgbench), rlf, redis_rate.
 # It installs what is missing (Debian's postgresql, redis-server, nodejs and npm; the npm
 # packages of bench/rlf; the Go modules of bench/), builds this repository's CLI and the
-# harness, then runs bench/runner: a throwaway PostgreSQL and Redis on loopback, stopped
-# and removed at the end, on Ctrl-C too. Results: a markdown table per scenario on stdout,
-# and bench/results/peers-<time>.{md,json}. See bench/README.md.
+# redis_rate contender, then runs the harness, `pgratelimit bench peers` (the CLI's
+# cmd/pgratelimit/internal/bench/peers): a throwaway PostgreSQL and Redis on loopback,
+# stopped and removed at the end, on Ctrl-C too. Results: a markdown table per scenario
+# on stdout, and bench/results/peers-<time>.{md,json}. See bench/README.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -66,20 +67,21 @@ if [ ! -f "$here/rlf/node_modules/.package-lock.json" ] ||
   (cd "$here/rlf" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 
-# 3. This repository's CLI (through go.work, so the library in this tree) and the
-#    harness with the redis_rate contender (bench/'s own module: go-redis stays out of
-#    the library's go.mod).
-# OURS_BIN=path runs a pgratelimit binary built elsewhere instead (another commit, say).
+# 3. This repository's CLI (through go.work, so the library in this tree), which holds
+#    the harness and pgratelimit's own contender (`pgratelimit bench`), and the redis_rate
+#    contender (bench/'s own module: go-redis stays out of the library's go.mod).
+# OURS_BIN=path runs the contenders coalesce and per-check with a pgratelimit binary
+# built elsewhere (another commit, say); the harness is this tree's.
 mkdir -p "$here/.bin"
+log "building ./cmd/pgratelimit"
+(cd "$root" && go build -o "$here/.bin/pgratelimit" ./cmd/pgratelimit)
+ours=()
 if [ -n "${OURS_BIN:-}" ]; then
-  log "pgratelimit: $OURS_BIN"
-  cp "$OURS_BIN" "$here/.bin/pgratelimit"
-else
-  log "building ./cmd/pgratelimit"
-  (cd "$root" && go build -o "$here/.bin/pgratelimit" ./cmd/pgratelimit)
+  log "pgratelimit contenders: $OURS_BIN"
+  ours=(--ours "$(cd "$(dirname "$OURS_BIN")" && pwd)/$(basename "$OURS_BIN")")
 fi
-log "building bench/"
-(cd "$here" && GOWORK=off go build -o "$here/.bin/" ./runner ./redisrate)
+log "building bench/redisrate"
+(cd "$here" && GOWORK=off go build -o "$here/.bin/" ./redisrate)
 
-# 4. Run. The runner owns the servers from here on (and stops them on Ctrl-C).
-exec "$here/.bin/runner" -root "$root" -pgbin "$pgbin" -bindir "$here/.bin" "$@"
+# 4. Run. The harness owns the servers from here on (and stops them on Ctrl-C).
+exec "$here/.bin/pgratelimit" bench peers --root "$root" --pgbin "$pgbin" --bindir "$here/.bin" "${ours[@]}" "$@"

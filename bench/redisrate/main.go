@@ -42,32 +42,47 @@ func main() {
 	}
 	// One connection per check in flight, as pgbench and the other contenders have.
 	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: conc, MinIdleConns: conc})
-	defer rdb.Close()
-	limiter := redis_rate.NewLimiter(rdb)
-	limit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Hour}
 	ctx := context.Background()
 	if err := rdb.Ping(ctx).Err(); err != nil {
+		rdb.Close()
 		fmt.Fprintln(os.Stderr, "redis:", err)
 		os.Exit(1)
 	}
+	all, errs, elapsed := run(ctx, redis_rate.NewLimiter(rdb), conc, keys, time.Duration(secs*float64(time.Second)))
+	rdb.Close()
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		return float64(all[min(len(all)-1, int(float64(len(all))*p))].Microseconds()) / 1000
+	}
+	_ = json.NewEncoder(os.Stdout).Encode(map[string]any{
+		"contender": "redis_rate", "conc": conc, "keys": keys, "secs": secs,
+		"checks": len(all), "elapsed_s": elapsed, "checks_per_sec": float64(len(all)) / elapsed,
+		"p50_ms": pct(0.5), "p99_ms": pct(0.99), "errors": errs,
+	})
+}
 
+// run has conc workers check keys drawn uniformly from keys for d, with a
+// limit that never denies, and returns the latency of every check that
+// returned, the number that failed, and the seconds it took. The first
+// failure goes to stderr.
+func run(ctx context.Context, limiter *redis_rate.Limiter, conc, keys int, d time.Duration) (all []time.Duration, errors int, elapsed float64) {
+	limit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Hour}
 	keyNames := make([]string, keys)
 	for i := range keyNames {
 		keyNames[i] = "key-" + strconv.Itoa(i+1)
 	}
 	var (
 		mu       sync.Mutex
-		all      []time.Duration
-		errors   int
 		firstErr error
 		wg       sync.WaitGroup
 	)
 	start := time.Now()
-	end := start.Add(time.Duration(secs * float64(time.Second)))
+	end := start.Add(d)
 	for w := range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			lat := make([]time.Duration, 0, 1<<14)
 			errs := 0
@@ -91,23 +106,12 @@ func main() {
 				firstErr = first
 			}
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start).Seconds()
+	elapsed = time.Since(start).Seconds()
 	if firstErr != nil {
 		fmt.Fprintln(os.Stderr, "first error:", firstErr)
 	}
-	slices.Sort(all)
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
-		}
-		return float64(all[min(len(all)-1, int(float64(len(all))*p))].Microseconds()) / 1000
-	}
-	_ = json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"contender": "redis_rate", "conc": conc, "keys": keys, "secs": secs,
-		"checks": len(all), "elapsed_s": elapsed, "checks_per_sec": float64(len(all)) / elapsed,
-		"p50_ms": pct(0.5), "p99_ms": pct(0.99), "errors": errors,
-	})
+	return all, errors, elapsed
 }

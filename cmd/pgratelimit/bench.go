@@ -2,14 +2,26 @@ package main
 
 import (
 	"context"
+	"math"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench/peers"
 )
+
+// benchMore ends bench's help: where its comparison with its peers is.
+const benchMore = `'pgratelimit bench peers' runs this benchmark beside pgbench, rate-limiter-flexible and
+redis_rate on a throwaway PostgreSQL and Redis (bench/peers.sh, make bench-peers);
+'pgratelimit bench peers --help' for its arguments.
+`
 
 // runBench is `pgratelimit bench`: the load benchmark of package bench, its
 // report on stdout (on stderr with --json, whose stdout is the report as
-// JSON); exit status 2 when its exactness audit fails.
+// JSON); exit status 2 when its exactness audit fails. `pgratelimit bench
+// peers` is runPeers.
 func runBench(ctx context.Context, c *cli, args []string) int {
+	if len(args) > 0 && args[0] == "peers" {
+		return runPeers(ctx, c, args[1:])
+	}
 	f := newFlags(c, "bench")
 	var o bench.Options
 	o.AddFlags(f.FlagSet)
@@ -37,6 +49,38 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	}
 	if !rep.OK() {
 		return exitError
+	}
+	return exitOK
+}
+
+// peersCommand is `pgratelimit bench peers`, which the command table lists
+// under bench.
+func peersCommand() command {
+	return command{
+		name:    "bench peers",
+		args:    peers.Args,
+		summary: "compare pgratelimit's bench with pgbench, rate-limiter-flexible and redis_rate on a throwaway PostgreSQL and Redis, and write the tables to bench/results",
+		more:    peers.Help(),
+	}
+}
+
+// runPeers is `pgratelimit bench peers`: package peers, the peer benchmark
+// that bench/peers.sh runs. Exit status 2 when a contender failed in every
+// run of a scenario, or when interrupted.
+func runPeers(ctx context.Context, c *cli, args []string) int {
+	f := newFlagSet(c, peersCommand())
+	var o peers.Options
+	o.AddFlags(f.FlagSet)
+	pos, err := f.parse(args, 0, math.MaxInt)
+	if err != nil {
+		return f.fail(err)
+	}
+	if err := o.FromEnv(c.getenv); err != nil {
+		return f.fail(err)
+	}
+	o.Stdout, o.Stderr = c.stdout, c.stderr
+	if err := peers.Run(ctx, o, pos); err != nil {
+		return f.fail(err)
 	}
 	return exitOK
 }

@@ -53,13 +53,11 @@ type flags struct {
 // load balancer) would otherwise hang a command until Ctrl-C.
 const defaultConnectTimeout = 5 * time.Second
 
+// newFlags returns the flag set of the command called name, with the flags
+// every command has: --database-url, --json, --timeout, --connect-timeout.
 func newFlags(c *cli, name string) *flags {
 	cmd, _ := lookupCommand(name)
-	f := &flags{FlagSet: pflag.NewFlagSet(name, pflag.ContinueOnError), cmd: cmd, c: c}
-	// pflag would print its own error and the usage on every parse error;
-	// parse reports them once, in the command's words, instead.
-	f.SetOutput(io.Discard)
-	f.Usage = func() {}
+	f := newFlagSet(c, cmd)
 	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL `URL` (default $DATABASE_URL)")
 	f.BoolVar(&f.json, "json", false, "print JSON instead of text")
 	use := cmd.timeoutUse
@@ -70,6 +68,16 @@ func newFlags(c *cli, name string) *flags {
 	f.DurationVar(&f.connectTimeout, "connect-timeout", defaultConnectTimeout,
 		"give up connecting to the database after D (a connect_timeout in the URL replaces the default); 0: never")
 	f.connectFrom = "--connect-timeout"
+	return f
+}
+
+// newFlagSet returns cmd's flag set, with no flags yet.
+func newFlagSet(c *cli, cmd command) *flags {
+	f := &flags{FlagSet: pflag.NewFlagSet(cmd.name, pflag.ContinueOnError), cmd: cmd, c: c}
+	// pflag would print its own error and the usage on every parse error;
+	// parse reports them once, in the command's words, instead.
+	f.SetOutput(io.Discard)
+	f.Usage = func() {}
 	return f
 }
 
@@ -248,6 +256,9 @@ func (f *flags) printHelp(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%-24s %s%s\n", head, use, def)
 	})
+	if f.cmd.more != "" {
+		fmt.Fprint(w, "\n"+f.cmd.more)
+	}
 }
 
 // fail reports err on stderr, in the user's terms (a usage error with the

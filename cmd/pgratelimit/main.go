@@ -54,26 +54,28 @@ type command struct {
 	// text when the command's database work is not one piece.
 	timeout    time.Duration
 	timeoutUse string
+	// more is told after the flags in the command's help, if not empty.
+	more string
 }
 
 // commands lists the commands, in the order usage shows them.
 func commands() []command {
 	return []command{
-		{"migrate", "up|down|status|distribute", "apply, roll back (one step) or list the schema migrations; distribute the tables by key on Citus (after up)", runMigrate, 5 * time.Minute, ""},
-		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied; --request-id ID: once per ID)", runAllow, 10 * time.Second, ""},
-		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, ""},
-		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, ""},
-		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T)", runGrant, 10 * time.Second, ""},
-		{"balance", "KEY", "show KEY's bucket and each of its live grants", runBalance, 10 * time.Second, ""},
-		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, ""},
-		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, refunds, grants, settlements, debits, resets", runLedger, 10 * time.Second, ""},
-		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, ""},
+		{"migrate", "up|down|status|distribute", "apply, roll back (one step) or list the schema migrations; distribute the tables by key on Citus (after up)", runMigrate, 5 * time.Minute, "", ""},
+		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied; --request-id ID: once per ID)", runAllow, 10 * time.Second, "", ""},
+		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, "", ""},
+		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, "", ""},
+		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T)", runGrant, 10 * time.Second, "", ""},
+		{"balance", "KEY", "show KEY's bucket and each of its live grants", runBalance, 10 * time.Second, "", ""},
+		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, "", ""},
+		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, refunds, grants, settlements, debits, resets", runLedger, 10 * time.Second, "", ""},
+		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, "", ""},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
-			"give up on a cleanup run (each run, with --every) after D; 0: never"},
+			"give up on a cleanup run (each run, with --every) after D; 0: never", ""},
 		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
-			"give up on the database work of the set-up and of each request after D; 0: never"},
+			"give up on the database work of the set-up and of each request after D; 0: never", ""},
 		{"bench", "[flags]", "measure checks per second under load", runBench, time.Minute,
-			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never"},
+			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never", benchMore},
 	}
 }
 

@@ -1,11 +1,11 @@
-package main
+package peers
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +23,10 @@ import (
 type env struct {
 	root, bindir, pgbin string
 	latency             time.Duration
+	ours                string   // the pgratelimit binary of ours
+	oursBin             string   // --ours, if given: pgratelimit not built from this tree
+	oursFlags           []string // OURS_FLAGS
+	stderr              io.Writer
 
 	dir      string // the servers' temporary directory
 	asPG     bool   // running as root: PostgreSQL's tools run as the postgres user
@@ -114,7 +118,7 @@ func (e *env) start(ctx context.Context, scenarios []scenario, cs []contender) e
 	if e.dir, err = os.MkdirTemp("", "pgratelimit-bench-"); err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "peers: throwaway servers in %s\n", e.dir)
+	fmt.Fprintf(e.stderr, "peers: throwaway servers in %s\n", e.dir)
 	if needPG {
 		if err := e.startPostgres(ctx, maxConc); err != nil {
 			return fmt.Errorf("starting PostgreSQL: %w", err)
@@ -142,7 +146,7 @@ func (e *env) start(ctx context.Context, scenarios []scenario, cs []contender) e
 			e.proxies = append(e.proxies, p)
 			e.redisAddr = p.addr
 		}
-		fmt.Fprintf(os.Stderr, "peers: every response from PostgreSQL and Redis delayed %s by a proxy in the runner\n", e.latency)
+		fmt.Fprintf(e.stderr, "peers: every response from PostgreSQL and Redis delayed %s by a proxy in the runner\n", e.latency)
 	}
 	return nil
 }
@@ -250,7 +254,7 @@ func (e *env) stop() {
 	defer cancel()
 	if e.pgPID != 0 {
 		if _, err := output(e.pgCommand(ctx, "pg_ctl", "-D", filepath.Join(e.dir, "pg"), "-m", "fast", "-w", "stop")); err != nil {
-			fmt.Fprintln(os.Stderr, "peers: stopping PostgreSQL:", err)
+			fmt.Fprintln(e.stderr, "peers: stopping PostgreSQL:", err)
 			_ = syscall.Kill(e.pgPID, syscall.SIGQUIT) // immediate shutdown
 			time.Sleep(time.Second)
 		}
@@ -268,7 +272,7 @@ func (e *env) stop() {
 	}
 	if e.dir != "" {
 		if err := os.RemoveAll(e.dir); err != nil {
-			fmt.Fprintln(os.Stderr, "peers: removing the servers' files:", err)
+			fmt.Fprintln(e.stderr, "peers: removing the servers' files:", err)
 		}
 	}
 }
@@ -312,11 +316,11 @@ func (e *env) machine() map[string]any {
 	if out, err := exec.Command("git", "-C", e.root, "describe", "--always", "--dirty").Output(); err == nil {
 		m["commit"] = strings.TrimSpace(string(out))
 	}
-	if b := os.Getenv("OURS_BIN"); b != "" {
-		m["ours_bin"] = b // pgratelimit was not built from this tree
+	if e.oursBin != "" {
+		m["ours_bin"] = e.oursBin // pgratelimit was not built from this tree
 	}
-	if f := os.Getenv("OURS_FLAGS"); f != "" {
-		m["ours_flags"] = f
+	if len(e.oursFlags) > 0 {
+		m["ours_flags"] = strings.Join(e.oursFlags, " ")
 	}
 	return m
 }
@@ -358,5 +362,3 @@ func shortVersion(s string) string {
 	}
 	return ""
 }
-
-var errNoResult = errors.New("no JSON result line on stdout")

@@ -1,4 +1,4 @@
-package main
+package peers
 
 import (
 	"encoding/json"
@@ -10,6 +10,7 @@ import (
 	"time"
 )
 
+// report is everything the harness measured, as the JSON result file has it.
 type report struct {
 	Started     string            `json:"started"`
 	Finished    string            `json:"finished"`
@@ -33,6 +34,17 @@ type contenderReport struct {
 	Runs      []result `json:"runs"`
 }
 
+// newReport starts the report of a run with o's settings.
+func newReport(o Options) *report {
+	return &report{
+		Started:    time.Now().UTC().Format(time.RFC3339),
+		Runs:       o.Runs,
+		LatencyMS:  int(o.Latency / time.Millisecond),
+		Contenders: map[string]string{},
+	}
+}
+
+// failed says whether a contender failed in every run of a scenario.
 func (r *report) failed() bool {
 	for _, s := range r.Scenarios {
 		for _, c := range s.Results {

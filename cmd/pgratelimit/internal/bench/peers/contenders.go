@@ -1,0 +1,241 @@
+package peers
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
+)
+
+// contender is one way of doing the checks. command returns the process to
+// run (it must not start it) and how to read its stdout; tmp is a scratch
+// directory for the run.
+type contender struct {
+	Name    string
+	Server  string // postgres or redis: whose CPU is the server's
+	label   func(e *env) string
+	command func(ctx context.Context, e *env, s scenario, tmp string) (*exec.Cmd, func(stdout string) (outcome, error))
+}
+
+// contenders lists every contender, in the tables' order.
+func contenders() []contender {
+	return []contender{
+		{Name: "coalesce", Server: "postgres", label: fixed("pgratelimit, coalescing (default)"), command: ours("coalesce")},
+		{Name: "per-check", Server: "postgres", label: fixed("pgratelimit, per-check (`DisableCoalescing`)"), command: ours("per-check")},
+		{Name: "tx", Server: "postgres", label: fixed("pgbench: per-check transaction, 5 round trips"), command: pgbench("tx")},
+		{Name: "pipelined", Server: "postgres", label: fixed("pgbench: per-check transaction, pipelined (2 round trips)"), command: pgbench("pipelined")},
+		{Name: "upsert", Server: "postgres", label: fixed("pgbench: one upsert per check"), command: pgbench("upsert")},
+		{Name: "rlf", Server: "postgres", label: func(e *env) string {
+			return strings.TrimSpace("rate-limiter-flexible " + e.npmVersion("rate-limiter-flexible") + ", PostgreSQL store")
+		}, command: rlf},
+		{Name: "redis_rate", Server: "redis", label: func(e *env) string {
+			return strings.TrimSpace("redis_rate v10 on Redis " + shortVersion(e.version("redis-server", "--version")))
+		}, command: redisRate},
+	}
+}
+
+func contenderNames() []string {
+	var n []string
+	for _, c := range contenders() {
+		n = append(n, c.Name)
+	}
+	return n
+}
+
+func contenderByName(name string) (contender, bool) {
+	for _, c := range contenders() {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return contender{}, false
+}
+
+func fixed(s string) func(*env) string { return func(*env) string { return s } }
+
+func withEnv(cmd *exec.Cmd, kv ...string) *exec.Cmd {
+	cmd.Env = append(os.Environ(), kv...)
+	return cmd
+}
+
+// ours: pgratelimit's own load benchmark, `pgratelimit bench --json` (package
+// bench), run by the binary --ours names (this one by default). Its workers
+// call Limiter.AllowN in the same process; logged tables are the durable
+// storage, unlogged the ephemeral one. OURS_FLAGS adds flags (for example
+// --coalesce-conns 4).
+func ours(mode string) func(context.Context, *env, scenario, string) (*exec.Cmd, func(string) (outcome, error)) {
+	return func(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, func(string) (outcome, error)) {
+		storage := "durable"
+		if s.Tables == "unlogged" {
+			storage = "ephemeral"
+		}
+		args := []string{"bench", "--database-url", e.pgURL, "--concurrency", strconv.Itoa(s.Conc),
+			"--keys", strconv.Itoa(s.Keys), "--duration", strconv.Itoa(s.Secs) + "s",
+			"--storage", storage, "--mode", mode, "--json"}
+		args = append(args, e.oursFlags...)
+		return command(ctx, e.ours, args...), parseResultLine
+	}
+}
+
+// pgbench runs one of bench/pgbench/*.sql with one connection per check in
+// flight, prepared statements, and a log of every transaction's latency for
+// the percentiles.
+func pgbench(script string) func(context.Context, *env, scenario, string) (*exec.Cmd, func(string) (outcome, error)) {
+	return func(ctx context.Context, e *env, s scenario, tmp string) (*exec.Cmd, func(string) (outcome, error)) {
+		failed := func(err error) (*exec.Cmd, func(string) (outcome, error)) {
+			return command(ctx, "false"), func(string) (outcome, error) { return outcome{}, err }
+		}
+		sql, err := os.ReadFile(filepath.Join(e.root, "bench", "pgbench", script+".sql"))
+		if err != nil {
+			return failed(err)
+		}
+		file := filepath.Join(tmp, script+".sql")
+		sql = []byte(strings.ReplaceAll(string(sql), "TBL", "bench_"+s.Tables))
+		if err := os.WriteFile(file, sql, 0o644); err != nil {
+			return failed(err)
+		}
+		logPrefix := filepath.Join(tmp, "pgbench_log")
+		cmd := command(ctx, e.tool("pgbench"), "-n", "-M", "prepared",
+			"-c", strconv.Itoa(s.Conc), "-j", strconv.Itoa(min(s.Conc, runtime.NumCPU())),
+			"-T", strconv.Itoa(s.Secs), "-D", "keys="+strconv.Itoa(s.Keys), "-f", file,
+			"-l", "--log-prefix", logPrefix, e.pgURL)
+		return cmd, func(stdout string) (outcome, error) { return parsePgbench(stdout, logPrefix) }
+	}
+}
+
+// parsePgbench reads pgbench's summary (transactions processed and failed,
+// tps) and its per-transaction logs under logPrefix, for the percentiles.
+func parsePgbench(stdout, logPrefix string) (outcome, error) {
+	var o outcome
+	var processed, tps string
+	for _, l := range strings.Split(stdout, "\n") {
+		if v, ok := strings.CutPrefix(l, "number of transactions actually processed: "); ok {
+			processed = leadingNumber(v)
+		} else if v, ok := strings.CutPrefix(l, "number of failed transactions: "); ok {
+			o.Errors, _ = strconv.ParseInt(leadingNumber(v), 10, 64)
+		} else if v, ok := strings.CutPrefix(l, "tps = "); ok {
+			tps = leadingNumber(v)
+		}
+	}
+	var err1, err2 error
+	o.Checks, err1 = strconv.ParseInt(processed, 10, 64)
+	o.ChecksPerSec, err2 = strconv.ParseFloat(tps, 64)
+	if err1 != nil || err2 != nil {
+		return o, fmt.Errorf("pgbench printed no result: %s", lastLines(stdout, 6))
+	}
+	if o.ChecksPerSec > 0 {
+		o.ElapsedS = float64(o.Checks) / o.ChecksPerSec
+	}
+	lat, err := pgbenchLatencies(logPrefix)
+	if err != nil {
+		return o, err
+	}
+	pct := func(p float64) float64 { return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) / 1000 }
+	o.P50ms, o.P99ms = pct(0.5), pct(0.99)
+	return o, nil
+}
+
+// leadingNumber is the number s starts with: "80590" of "80590/80590",
+// "1007.5" of "1007.5 (without initial connection time)".
+func leadingNumber(s string) string {
+	end := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if end < 0 {
+		return s
+	}
+	return s[:end]
+}
+
+// pgbenchLatencies reads the per-transaction logs, one per thread: lines of
+// "client_id transaction_no time script_no time_epoch time_us", time being
+// the transaction's latency in microseconds. It returns them sorted.
+func pgbenchLatencies(logPrefix string) ([]int64, error) {
+	files, _ := filepath.Glob(logPrefix + ".*")
+	var lat []int64
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) < 3 {
+				continue
+			}
+			if us, err := strconv.ParseInt(fs[2], 10, 64); err == nil {
+				lat = append(lat, us)
+			}
+		}
+		fh.Close()
+	}
+	if len(lat) == 0 {
+		return nil, fmt.Errorf("pgbench wrote no transaction log under %s", logPrefix)
+	}
+	slices.Sort(lat)
+	return lat, nil
+}
+
+// rlf: rate-limiter-flexible's RateLimiterPostgres on node-postgres
+// (bench/rlf/bench.js).
+func rlf(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, func(string) (outcome, error)) {
+	cmd := command(ctx, "node", filepath.Join(e.root, "bench", "rlf", "bench.js"),
+		strconv.Itoa(s.Conc), strconv.Itoa(s.Keys), strconv.Itoa(s.Secs), s.Tables)
+	return withEnv(cmd, "DATABASE_URL="+e.pgURL), parseResultLine
+}
+
+// redisRate: go-redis/redis_rate on Redis (bench/redisrate). Redis has no
+// tables: it runs without persistence in every scenario, logged or not.
+func redisRate(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, func(string) (outcome, error)) {
+	cmd := command(ctx, filepath.Join(e.bindir, "redisrate"), strconv.Itoa(s.Conc), strconv.Itoa(s.Keys), strconv.Itoa(s.Secs))
+	return withEnv(cmd, "REDIS_ADDR="+e.redisAddr), parseResultLine
+}
+
+// resultLine is a contender's JSON line: pgratelimit bench's Report, whose
+// checks are the allowed and the denied, or the line of redisrate and
+// rlf/bench.js, which count them (checks) and their time (elapsed_s).
+type resultLine struct {
+	bench.Report
+	Checks   *int64  `json:"checks"`
+	ElapsedS float64 `json:"elapsed_s"`
+}
+
+// parseResultLine reads the last line of stdout that is a JSON object.
+func parseResultLine(stdout string) (outcome, error) {
+	var line string
+	for _, l := range strings.Split(stdout, "\n") {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, "{") {
+			line = l
+		}
+	}
+	if line == "" {
+		return outcome{}, errors.New("no JSON result line on stdout")
+	}
+	var r resultLine
+	if err := json.Unmarshal([]byte(line), &r); err != nil {
+		return outcome{}, fmt.Errorf("result line %q: %w", line, err)
+	}
+	o := outcome{Errors: r.Errors, ElapsedS: r.ElapsedS, ChecksPerSec: r.ChecksPerSec, P50ms: r.P50ms, P99ms: r.P99ms}
+	if r.Checks != nil {
+		o.Checks = *r.Checks
+	} else { // pgratelimit bench: every check is allowed or denied
+		o.Checks = r.Allowed + r.Denied
+	}
+	if o.ElapsedS == 0 && o.ChecksPerSec > 0 {
+		o.ElapsedS = float64(o.Checks) / o.ChecksPerSec
+	}
+	if r.Audit != "" { // pgratelimit bench's figures beyond the others'
+		o.Extra = map[string]any{"audit": r.Audit, "hot_update_ratio": r.HotRatio, "updates": r.Updates,
+			"max_ms": r.MaxMs, "allowed": r.Allowed, "denied": r.Denied}
+	}
+	return o, nil
+}

@@ -1,0 +1,131 @@
+package peers
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+)
+
+func TestParseArgs(t *testing.T) {
+	ss, cs, err := parseArgs(nil)
+	require.NoError(t, err)
+	require.Equal(t, defaultScenarios(), ss)
+	require.Len(t, cs, len(contenders()))
+
+	ss, cs, err = parseArgs([]string{"1", "10000", "8", "logged", "ours", "redis_rate", "coalesce"})
+	require.NoError(t, err)
+	require.Equal(t, []scenario{{Conc: 1, Keys: 10000, Secs: 8, Tables: "logged"}}, ss)
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.Name)
+	}
+	require.Equal(t, []string{"coalesce", "per-check", "redis_rate"}, names, "ours is both of pgratelimit's, each once")
+
+	for args, want := range map[string]string{
+		"1 2":                   "give all four of CONC KEYS SECS logged|unlogged, or none",
+		"0 1 8 logged":          `"0": CONC, KEYS and SECS must be positive integers`,
+		"1 1 8 durable":         `"durable": the fourth argument is logged or unlogged`,
+		"1 1 8 logged bogus":    `unknown contender "bogus"`,
+		"64 1 8 unlogged rlf x": `unknown contender "x"`,
+	} {
+		_, _, err := parseArgs(strings.Fields(args))
+		var ue clierr.UsageError
+		require.True(t, errors.As(err, &ue), "%s: %v", args, err)
+		require.Contains(t, ue.Msg, want, args)
+	}
+}
+
+func TestFromEnv(t *testing.T) {
+	env := map[string]string{"RUNS": "3", "LATENCY_MS": "2", "BENCH_OUT": "/tmp/x", "OURS_FLAGS": "--coalesce-conns 4"}
+	var o Options
+	require.NoError(t, o.FromEnv(func(k string) string { return env[k] }))
+	require.Equal(t, 3, o.Runs)
+	require.Equal(t, "2ms", o.Latency.String())
+	require.Equal(t, "/tmp/x", o.OutDir)
+	require.Equal(t, []string{"--coalesce-conns", "4"}, o.OursFlags)
+	env["RUNS"] = "0"
+	require.ErrorContains(t, o.FromEnv(func(k string) string { return env[k] }), "RUNS must be a positive integer")
+	env["RUNS"], env["LATENCY_MS"] = "", "-1"
+	require.ErrorContains(t, o.FromEnv(func(k string) string { return env[k] }), "LATENCY_MS must be a non-negative integer")
+}
+
+// The line pgratelimit bench --json prints is read through bench.Report, the
+// type that writes it.
+func TestParseResultLineOurs(t *testing.T) {
+	line, err := json.Marshal(bench.Report{Contender: "ours-coalesce-durable", ChecksPerSec: 5000, P50ms: 1.5, P99ms: 4,
+		MaxMs: 9, Allowed: 39000, Denied: 1000, Errors: 2, Audit: "ok", HotRatio: 0.99, Updates: 40000})
+	require.NoError(t, err)
+	o, err := parseResultLine("progress\n" + string(line) + "\n")
+	require.NoError(t, err)
+	require.Equal(t, outcome{Checks: 40000, Errors: 2, ElapsedS: 8, ChecksPerSec: 5000, P50ms: 1.5, P99ms: 4,
+		Extra: map[string]any{"audit": "ok", "hot_update_ratio": 0.99, "updates": int64(40000), "max_ms": 9.0,
+			"allowed": int64(39000), "denied": int64(1000)}}, o)
+}
+
+// redisrate's and rlf/bench.js's lines count their checks and time.
+func TestParseResultLineOthers(t *testing.T) {
+	o, err := parseResultLine(`{"contender":"redis_rate","conc":64,"keys":1,"secs":8,"checks":80000,"elapsed_s":8.01,"checks_per_sec":9987.5,"p50_ms":0.5,"p99_ms":2.5,"errors":0}`)
+	require.NoError(t, err)
+	require.Equal(t, outcome{Checks: 80000, ElapsedS: 8.01, ChecksPerSec: 9987.5, P50ms: 0.5, P99ms: 2.5}, o)
+	_, err = parseResultLine("no json here\n")
+	require.ErrorContains(t, err, "no JSON result line")
+}
+
+func TestParsePgbench(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "pgbench_log")
+	var log strings.Builder
+	for i := range 100 {
+		log.WriteString("0 " + itoa(i) + " " + itoa(1000+10*i) + " 0 1700000000 0\n")
+	}
+	require.NoError(t, os.WriteFile(prefix+".123", []byte(log.String()), 0o644))
+	stdout := `pgbench (15.14 (Debian 15.14-0+deb12u1))
+transaction type: tx.sql
+number of transactions actually processed: 80000
+number of failed transactions: 3 (0.004%)
+latency average = 6.2 ms
+tps = 10000.5 (without initial connection time)
+`
+	o, err := parsePgbench(stdout, prefix)
+	require.NoError(t, err)
+	require.Equal(t, int64(80000), o.Checks)
+	require.Equal(t, int64(3), o.Errors)
+	require.Equal(t, 10000.5, o.ChecksPerSec)
+	require.InDelta(t, 8, o.ElapsedS, 0.01)
+	require.Equal(t, 1.5, o.P50ms)
+	require.Equal(t, 1.99, o.P99ms)
+
+	_, err = parsePgbench("connection refused\n", prefix)
+	require.ErrorContains(t, err, "pgbench printed no result")
+}
+
+func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
+
+func TestReport(t *testing.T) {
+	runs := []result{
+		{Run: 1, Checks: 100, ChecksPerSec: 1000, P99ms: 2, ServerUsPerCheck: 10, OtherLoad: 0.01},
+		{Run: 2, Checks: 300, ChecksPerSec: 3000, P99ms: 4, ServerUsPerCheck: 30, OtherLoad: 0.03},
+		{Run: 3, Error: "exit status 1"},
+	}
+	m := median(runs)
+	require.Equal(t, int64(200), m.Checks)
+	require.Equal(t, 2000.0, m.ChecksPerSec)
+	require.Nil(t, median(runs[2:]))
+
+	sr := scenarioReport{Scenario: scenario{Conc: 64, Keys: 10000, Secs: 8, Tables: "logged"},
+		Results: []contenderReport{{Contender: "tx", Label: "pgbench: tx", Median: m, Runs: runs}}}
+	md := sr.markdown(3, 0)
+	require.Contains(t, md, "### 64 in flight, 10,000 keys, 8 s, logged tables\n")
+	require.Contains(t, md, "| pgbench: tx | 2,000 |")
+	require.Contains(t, md, "- tx: 1 of 3 runs failed and are left out\n")
+	require.Equal(t, "12,345", thousands(12345))
+	require.Equal(t, 1.24, round(1.2361, 2))
+}
