@@ -1,0 +1,68 @@
+package pgratelimit
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// Every SQL text of the statement sets, the Citus ones included (which the
+// integration suite's golden run, on plain PostgreSQL, does not send), byte
+// for byte: a change of the library's layout must not change them.
+func TestGoldenSQL(t *testing.T) {
+	var b strings.Builder
+	dump := func(name string, st statements) {
+		for _, part := range []struct {
+			name string
+			ts   tableStatements
+		}{{"one", st.one}, {"many", st.many}, {"citus", st.citus}} {
+			ts := part.ts
+			for _, f := range []struct{ n, sql string }{
+				{"insert", ts.insert}, {"guardedInsert", ts.guardedInsert}, {"lock", ts.lock}, {"lockSkip", ts.lockSkip},
+				{"relock", ts.relock}, {"update", ts.update}, {"lockGrants", ts.lockGrants}, {"lockSkipGrants", ts.lockSkipGrants},
+				{"relockGrants", ts.relockGrants},
+			} {
+				if f.sql != "" {
+					fmt.Fprintf(&b, "== %s.%s.%s\n%s\n", name, part.name, f.n, f.sql)
+				}
+			}
+		}
+		fmt.Fprintf(&b, "== %s.peek\n%s\n== %s.remove\n%s\n", name, st.peek, name, st.remove)
+	}
+	dump("durable", *Durable.statements())
+	dump("ephemeral", *Ephemeral.statements())
+	dump("routed shard", newStatements(`"public"."pgratelimit_buckets_102008"`,
+		`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = 102008 AND groupid = 2)`))
+	for _, s := range (citus{}).set([]string{"lock_timeout", "20ms", "synchronous_commit", "off"}) {
+		fmt.Fprintf(&b, "== citus.set\n%s\n", s.sql)
+	}
+	fmt.Fprintf(&b, "== grants.lockOne\n%s\n== grants.lockOneSkip\n%s\n", grantSQL.lockOne, grantSQL.lockOneSkip)
+	fmt.Fprintf(&b, "== readClock\n%s\n", (&attempt{}).readClock().sql)
+	for n := 1; n < len(setConfigSQLs); n++ {
+		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, setConfigSQL(n))
+	}
+	compareGolden(t, "sql.txt", b.String())
+}
+
+func compareGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("no golden file (go test -run %s -update): %v", t.Name(), err)
+	}
+	if string(want) != got {
+		t.Fatalf("the SQL changed (go test -run %s -update rewrites %s); got:\n%s", t.Name(), path, got)
+	}
+}
