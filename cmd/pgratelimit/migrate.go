@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgratelimit/pgratelimit/migrations"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+// migrationRow is a migration's state, as migrate prints it (and --json).
+type migrationRow struct {
+	Version   int64      `json:"version"`
+	File      string     `json:"file"`
+	Applied   bool       `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at,omitempty"`
+}
+
+func migrationStatus(ctx context.Context, db *sql.DB) ([]migrationRow, error) {
+	st, err := migrations.Status(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(st, func(i, j int) bool { return st[i].Source.Version < st[j].Source.Version })
+	var rows []migrationRow
+	for _, s := range st {
+		r := migrationRow{Version: s.Source.Version, File: s.Source.Path, Applied: s.State == "applied"}
+		if r.Applied {
+			at := s.AppliedAt
+			r.AppliedAt = &at
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// runMigrate is `pgratelimit migrate up|down|status|distribute`: it says
+// what up or down changed, then prints every migration's state.
+func runMigrate(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "migrate")
+	pos, err := f.parse(args, 1, 1)
+	if err != nil {
+		return f.fail(err)
+	}
+	action := pos[0]
+	if action != "up" && action != "down" && action != "status" && action != "distribute" {
+		return f.fail(usagef("unknown action %q: want up, down, status or distribute", action))
+	}
+	cfg, err := f.connConfig()
+	if err != nil {
+		return f.fail(err)
+	}
+	db := stdlib.OpenDB(*cfg)
+	defer db.Close()
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	before, err := migrationStatus(ctx, db)
+	if err != nil {
+		return f.fail(err)
+	}
+	if action == "distribute" {
+		return f.distribute(ctx, db)
+	}
+	// What up or down did, in words: to stdout, or with --json (whose
+	// stdout is the status) to stderr.
+	say := c.stdout
+	if f.json {
+		say = c.stderr
+	}
+	if err := migrate(ctx, db, action, before, say); err != nil {
+		return f.fail(err)
+	}
+	after, err := migrationStatus(ctx, db)
+	if err != nil {
+		return f.fail(err)
+	}
+	if action != "status" {
+		sayChanges(say, action, before, after)
+	}
+	if f.json {
+		f.printJSON(after)
+		return exitOK
+	}
+	if action != "status" {
+		fmt.Fprintln(c.stdout)
+	}
+	for _, r := range after {
+		state := "pending"
+		if r.Applied {
+			state = "applied " + r.AppliedAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(c.stdout, "%05d %-32s %s\n", r.Version, r.File, state)
+	}
+	return exitOK
+}
+
+// distribute distributes the tables by key on Citus.
+func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
+	if err := migrations.Distribute(ctx, db); err != nil {
+		if errors.Is(err, migrations.ErrNoCitus) {
+			return f.fail(errors.New("the citus extension is not installed in this database: run CREATE EXTENSION citus on the coordinator (and add the workers) first"))
+		}
+		return f.fail(err)
+	}
+	fmt.Fprintf(f.c.stdout, "distributed by key: %s, %s\n", pgratelimit.DurableTable, pgratelimit.EphemeralTable)
+	return exitOK
+}
+
+// migrate applies every pending migration (up) or rolls the last one back
+// (down: nothing, said on say, when none is applied); status changes
+// nothing.
+func migrate(ctx context.Context, db *sql.DB, action string, before []migrationRow, say io.Writer) error {
+	switch action {
+	case "up":
+		return migrations.Up(ctx, db)
+	case "down":
+		for _, r := range before {
+			if r.Applied {
+				return migrations.Down(ctx, db)
+			}
+		}
+		fmt.Fprintln(say, "nothing to roll back: no migration is applied")
+	}
+	return nil
+}
+
+// sayChanges says which migrations up or down applied or rolled back.
+func sayChanges(say io.Writer, action string, before, after []migrationRow) {
+	changed := 0
+	for i, r := range after {
+		if i < len(before) && before[i].Applied != r.Applied {
+			changed++
+			switch {
+			case r.Applied:
+				fmt.Fprintf(say, "applied %s\n", r.File)
+			case i == 0:
+				fmt.Fprintf(say, "rolled back %s: the bucket tables and every bucket in them are dropped\n", r.File)
+			default:
+				fmt.Fprintf(say, "rolled back %s\n", r.File)
+			}
+		}
+	}
+	if changed == 0 && action == "up" {
+		fmt.Fprintf(say, "nothing to apply: all %d migrations are applied\n", len(after))
+	}
+}
+
+// runCleanup is `pgratelimit cleanup`: delete the expired rows once, or
+// every --every until interrupted.
+func runCleanup(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "cleanup")
+	every := f.Duration("every", 0, "run every D until interrupted (default: once)")
+	batch := f.Int("batch-size", 1000, "rows per delete transaction")
+	if _, err := f.parse(args, 0, 0); err != nil {
+		return f.fail(err)
+	}
+	pool, err := f.pool(ctx)
+	if err != nil {
+		return f.fail(err)
+	}
+	defer pool.Close()
+	if *every > 0 {
+		return f.cleanEvery(ctx, pool, *every, *batch)
+	}
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	start := time.Now()
+	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{BatchSize: *batch})
+	if err != nil {
+		return f.fail(err)
+	}
+	if f.json {
+		f.printJSON(map[string]any{"deleted": n, "ms": time.Since(start).Milliseconds()})
+	} else {
+		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", n, time.Since(start).Round(time.Millisecond))
+	}
+	return exitOK
+}
+
+// cleanEvery is Cleaner.Run's loop, with --timeout on each run: a run every
+// every (plus up to a tenth of it, at random) until ctx is done.
+func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.Duration, batch int) int {
+	cl, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{
+		Interval:  every,
+		BatchSize: batch,
+		Logger:    slog.New(slog.NewTextHandler(f.c.stderr, nil)),
+	})
+	if err != nil {
+		return f.fail(err)
+	}
+	for {
+		rctx, cancel := f.withTimeout(ctx)
+		st := cl.RunOnce(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return exitOK
+		}
+		if f.json && st.Err == nil {
+			f.printJSON(map[string]any{"deleted": st.Deleted, "batches": st.Batches, "ms": st.Duration.Milliseconds(), "skipped": st.Skipped})
+		}
+		jitter := time.Duration(mrand.Int64N(int64(every)/10 + 1))
+		select {
+		case <-ctx.Done():
+			return exitOK
+		case <-time.After(every + jitter):
+		}
+	}
+}
