@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
@@ -90,10 +92,10 @@ type citusRow struct{ oneRow }
 // lock: each row's lock, then its grants' when a spends them, for the rows
 // it holds.
 func (citusRow) lock(s Storage, rows []row, a *attempt) []stmt {
-	ts := &s.statements().citus
-	sql := ts.lock
+	ts := &s.statements().Citus
+	sql := ts.Lock
 	if a.mode != waitLocks {
-		sql = ts.lockSkip
+		sql = ts.LockSkip
 	}
 	scan := a.scanRows(s, false, false)
 	var stmts []stmt
@@ -109,7 +111,7 @@ func (c citusRow) relock(s Storage, rows []row, a *attempt) []stmt {
 	scan := a.scanRows(s, false, false)
 	var stmts []stmt
 	for _, r := range rows {
-		stmts = append(stmts, stmt{sql: s.statements().citus.relock, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan})
+		stmts = append(stmts, stmt{sql: s.statements().Citus.Relock, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan})
 		stmts = append(stmts, citusGrants(s, r, a)...)
 	}
 	return append(stmts, c.clock(a)...)
@@ -122,9 +124,9 @@ func citusGrants(s Storage, r row, a *attempt) []stmt {
 	if !a.withGrants(s) {
 		return nil
 	}
-	sql := grantSQL.lockOne
+	sql := sqlgen.Grants.LockOne
 	if a.mode != waitLocks {
-		sql = grantSQL.lockOneSkip
+		sql = sqlgen.Grants.LockOneSkip
 	}
 	return []stmt{{sql: sql, args: []any{r.prefix, r.key}, scan: func(rs rowScanner) error {
 		var g account.Grant

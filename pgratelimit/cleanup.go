@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
@@ -207,7 +209,7 @@ func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
 		{name: RequestsTable, dead: expired, order: "ORDER BY expires_at"},
 	}
 	if ledgerRetention > 0 {
-		age := "interval '" + interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
+		age := "interval '" + sqlgen.Interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
 		ts = append(ts, cleanupTable{name: LedgerTable, dead: func(now string) string { return "at <= " + now + " - " + age }, order: "ORDER BY at"})
 	}
 	return ts

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5"
 )
 
@@ -78,7 +80,7 @@ func (postgres) set(pairs []string) []stmt {
 	for i, p := range pairs {
 		args[i] = p
 	}
-	return []stmt{{sql: setConfigSQL(len(pairs) / 2), args: args}}
+	return []stmt{{sql: sqlgen.SetConfig(len(pairs) / 2), args: args}}
 }
 
 func (postgres) oneRowBatches() bool { return false }

@@ -171,36 +171,6 @@ func TestQueuedCallerLeaves(t *testing.T) {
 	co.busy = 0
 }
 
-func TestTextArrays(t *testing.T) {
-	got := textArray(3, func(i int) string { return []string{`a"b`, `c\d`, `é,{}`}[i] })
-	if want := `{"a\"b","c\\d","é,{}"}`; got != want {
-		t.Fatalf("got %s, want %s", got, want)
-	}
-}
-
-func TestTimeArrays(t *testing.T) {
-	a := time.Date(2026, 11, 22, 10, 0, 0, 123456789, time.FixedZone("x", 3600))
-	b := time.Date(2026, 11, 22, 9, 0, 0, 123456000, time.UTC) // a, in UTC and microseconds
-	c := b.Add(time.Minute)
-	got := timeArray(5, func(i int) time.Time { return []time.Time{a, b, c, c, a}[i] })
-	if want := `{"2026-11-22 09:00:00.123456Z","2026-11-22 09:00:00.123456Z","2026-11-22 09:01:00.123456Z","2026-11-22 09:01:00.123456Z","2026-11-22 09:00:00.123456Z"}`; got != want {
-		t.Fatalf("got %s, want %s", got, want)
-	}
-}
-
-func TestIntervalInput(t *testing.T) {
-	for d, want := range map[time.Duration]string{
-		0:                       "0 hours 0.000000 seconds",
-		1500 * time.Microsecond: "0 hours 0.001500 seconds",
-		time.Hour + 2*time.Second + time.Microsecond: "1 hours 2.000001 seconds",
-		time.Duration(1<<63 - 1):                     "2562047 hours 2836.854775 seconds",
-	} {
-		if got := interval(d); got != want {
-			t.Errorf("interval(%s) = %q, want %q", d, got, want)
-		}
-	}
-}
-
 // The cost of the metrics with no MeterProvider installed (the global no-op
 // one): what every check pays for them.
 func BenchmarkMetricsNoop(b *testing.B) {
@@ -243,11 +213,11 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 			name, sql, args string
 			lookups         bool
 		}{
-			{"insert", sql.many.insert, rows + ", " + horizons, false},
-			{"lock", sql.many.lock, rows + ", NULL", true},
-			{"lockSkip", sql.many.lockSkip, rows + ", NULL", true},
-			{"relock", sql.many.relock, rows + ", " + horizons, false},
-			{"update", sql.many.update, rows + ", '{1,2}', " + times + ", " + times + ", '{5,5}'", true},
+			{"insert", sql.Many.Insert, rows + ", " + horizons, false},
+			{"lock", sql.Many.Lock, rows + ", NULL", true},
+			{"lockSkip", sql.Many.LockSkip, rows + ", NULL", true},
+			{"relock", sql.Many.Relock, rows + ", " + horizons, false},
+			{"update", sql.Many.Update, rows + ", '{1,2}', " + times + ", " + times + ", '{5,5}'", true},
 		} {
 			name := fmt.Sprintf("s%d_%d", s, i)
 			if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+c.sql); err != nil {

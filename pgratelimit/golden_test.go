@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -16,35 +18,35 @@ var update = flag.Bool("update", false, "rewrite the golden files")
 // for byte: a change of the library's layout must not change them.
 func TestGoldenSQL(t *testing.T) {
 	var b strings.Builder
-	dump := func(name string, st statements) {
+	dump := func(name string, st sqlgen.Statements) {
 		for _, part := range []struct {
 			name string
-			ts   tableStatements
-		}{{"one", st.one}, {"many", st.many}, {"citus", st.citus}} {
+			ts   sqlgen.Table
+		}{{"one", st.One}, {"many", st.Many}, {"citus", st.Citus}} {
 			ts := part.ts
 			for _, f := range []struct{ n, sql string }{
-				{"insert", ts.insert}, {"guardedInsert", ts.guardedInsert}, {"lock", ts.lock}, {"lockSkip", ts.lockSkip},
-				{"relock", ts.relock}, {"update", ts.update}, {"lockGrants", ts.lockGrants}, {"lockSkipGrants", ts.lockSkipGrants},
-				{"relockGrants", ts.relockGrants},
+				{"insert", ts.Insert}, {"guardedInsert", ts.GuardedInsert}, {"lock", ts.Lock}, {"lockSkip", ts.LockSkip},
+				{"relock", ts.Relock}, {"update", ts.Update}, {"lockGrants", ts.LockGrants}, {"lockSkipGrants", ts.LockSkipGrants},
+				{"relockGrants", ts.RelockGrants},
 			} {
 				if f.sql != "" {
 					fmt.Fprintf(&b, "== %s.%s.%s\n%s\n", name, part.name, f.n, f.sql)
 				}
 			}
 		}
-		fmt.Fprintf(&b, "== %s.peek\n%s\n== %s.remove\n%s\n", name, st.peek, name, st.remove)
+		fmt.Fprintf(&b, "== %s.peek\n%s\n== %s.remove\n%s\n", name, st.Peek, name, st.Remove)
 	}
 	dump("durable", *Durable.statements())
 	dump("ephemeral", *Ephemeral.statements())
-	dump("routed shard", newStatements(`"public"."pgratelimit_buckets_102008"`,
+	dump("routed shard", sqlgen.Buckets(`"public"."pgratelimit_buckets_102008"`,
 		`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = 102008 AND groupid = 2)`))
 	for _, s := range (citus{}).set([]string{"lock_timeout", "20ms", "synchronous_commit", "off"}) {
 		fmt.Fprintf(&b, "== citus.set\n%s\n", s.sql)
 	}
-	fmt.Fprintf(&b, "== grants.lockOne\n%s\n== grants.lockOneSkip\n%s\n", grantSQL.lockOne, grantSQL.lockOneSkip)
+	fmt.Fprintf(&b, "== grants.lockOne\n%s\n== grants.lockOneSkip\n%s\n", sqlgen.Grants.LockOne, sqlgen.Grants.LockOneSkip)
 	fmt.Fprintf(&b, "== readClock\n%s\n", (&attempt{}).readClock().sql)
-	for n := 1; n < len(setConfigSQLs); n++ {
-		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, setConfigSQL(n))
+	for n := 1; n <= 6; n++ {
+		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, sqlgen.SetConfig(n))
 	}
 	compareGolden(t, "sql.txt", b.String())
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
@@ -141,7 +143,7 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.param()).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&now)
 	})
-	b.Queue(grantSQL.list, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
+	b.Queue(sqlgen.Grants.List, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
 		var err error
 		gs, err = scanGrants(rows)
 		return err
@@ -159,7 +161,7 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 	return out, nil
 }
 
-// scanGrants reads rows of grantSQL.list.
+// scanGrants reads rows of sqlgen.Grants.List.
 func scanGrants(rows pgx.Rows) ([]account.Grant, error) {
 	var gs []account.Grant
 	for rows.Next() {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
@@ -107,7 +109,7 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 	}
 	defer l.client.gate.leave()
 	what := "read the ledger of " + quoteKey(key)
-	rows, err := l.client.pool.Query(ctx, ledgerSQL.list, l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano))
+	rows, err := l.client.pool.Query(ctx, sqlgen.Ledger.List, l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano))
 	if err != nil {
 		return nil, dbError(what, err)
 	}

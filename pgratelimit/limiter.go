@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -35,18 +37,24 @@ func (s Storage) String() string {
 	return fmt.Sprintf("Storage(%d)", int(s))
 }
 
-// Table names, created by the migrations in package migrations.
+// The tables, created by the migrations in package migrations.
+//
+// Deprecated: only the CLI used them; they are of no use to a limiter's
+// user, and will go in v0.2.0.
 const (
-	DurableTable   = "pgratelimit_buckets"
-	EphemeralTable = "pgratelimit_ephemeral_buckets"
+	DurableTable   = sqlgen.DurableTable
+	EphemeralTable = sqlgen.EphemeralTable
+	GrantsTable    = sqlgen.GrantsTable
+	RequestsTable  = sqlgen.RequestsTable
+	LedgerTable    = sqlgen.LedgerTable
 )
 
-var storageStatements = [...]statements{
-	Durable:   newStatements(pgx.Identifier{DurableTable}.Sanitize(), ""),
-	Ephemeral: newStatements(pgx.Identifier{EphemeralTable}.Sanitize(), ""),
+func (s Storage) statements() *sqlgen.Statements {
+	if s == Ephemeral {
+		return &sqlgen.Ephemeral
+	}
+	return &sqlgen.Durable
 }
-
-func (s Storage) statements() *statements { return &storageStatements[s] }
 
 // Config is a Limiter's policy: a token bucket of Capacity tokens per key that
 // gains Refill tokens every Interval. The zero value is not valid: Prefix,
@@ -458,11 +466,11 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		now        time.Time
 	)
 	b := &pgx.Batch{}
-	b.Queue(l.cfg.Storage.statements().peek, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
+	b.Queue(l.cfg.Storage.statements().Peek, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&tokens, &refilledAt, &expiresAt, &capacity, &now)
 	})
 	if l.cfg.Grants {
-		b.Queue(grantSQL.list, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
+		b.Queue(sqlgen.Grants.List, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
 			var err error
 			st.Grants, err = scanGrants(rows)
 			return err

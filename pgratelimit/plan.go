@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
@@ -125,7 +127,7 @@ func (p *plan) interval(r row) string {
 	h := p.horizons[r]
 	s, ok := p.intervals[h]
 	if !ok {
-		s = interval(h)
+		s = sqlgen.Interval(h)
 		if p.intervals == nil {
 			p.intervals = make(map[time.Duration]string, 1)
 		}
@@ -183,7 +185,7 @@ func (a *attempt) open() []stmt {
 		stmts = append(stmts, a.shape.guard(a)...)
 	}
 	if a.grants {
-		stmts = append(stmts, stmt{sql: grantSQL.nextID, args: []any{GrantsTable}, scan: func(rs rowScanner) error {
+		stmts = append(stmts, stmt{sql: sqlgen.Grants.NextID, args: []any{GrantsTable}, scan: func(rs rowScanner) error {
 			for rs.Next() {
 				if err := rs.Scan(&a.grantID); err != nil {
 					return err
@@ -364,20 +366,20 @@ func (a *attempt) close() []stmt {
 		stmts = append(stmts, a.shape.update(s, part, a)...)
 	}
 	if grants := a.grantRows(); len(grants) > 0 {
-		stmts = append(stmts, a.shape.values(grantSQL.write, grants, nil)...)
+		stmts = append(stmts, a.shape.values(sqlgen.Grants.Write, grants, nil)...)
 	}
 	if len(a.records) > 0 {
 		vals := make([][]any, len(a.records))
 		for i, w := range a.records {
 			vals[i] = w.values()
 		}
-		stmts = append(stmts, a.shape.values(requestSQL.write, vals, nil)...)
+		stmts = append(stmts, a.shape.values(sqlgen.Requests.Write, vals, nil)...)
 	}
 	if len(a.ledger) > 0 {
-		stmts = append(stmts, a.shape.values(ledgerSQL.write, a.ledger, nil)...)
+		stmts = append(stmts, a.shape.values(sqlgen.Ledger.Write, a.ledger, nil)...)
 	}
 	for _, r := range a.resets {
-		stmts = append(stmts, stmt{sql: r.storage.statements().remove, args: []any{r.prefix, r.key}})
+		stmts = append(stmts, stmt{sql: r.storage.statements().Remove, args: []any{r.prefix, r.key}})
 	}
 	if a.own {
 		stmts = append(stmts, stmt{sql: "COMMIT"})
@@ -386,7 +388,7 @@ func (a *attempt) close() []stmt {
 }
 
 // grantRows are the grants whose amounts a's decisions changed, and the new
-// ones, as rows of grantSQL.write, in lock order.
+// ones, as rows of sqlgen.Grants.Write, in lock order.
 func (a *attempt) grantRows() [][]any {
 	var out [][]any
 	for _, r := range a.rows {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
@@ -255,7 +257,7 @@ func (a *attempt) readIDs() []stmt {
 			}
 		}
 		if len(vals) > 0 {
-			stmts = append(stmts, a.shape.values(requestSQL.read, vals, a.scanIDs(s))...)
+			stmts = append(stmts, a.shape.values(sqlgen.Requests.Read, vals, a.scanIDs(s))...)
 		}
 	}
 	return stmts
@@ -310,7 +312,7 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.param()).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&now)
 	})
-	b.Queue(requestSQL.get, l.cfg.Prefix, key, requestID).Query(func(rows pgx.Rows) error {
+	b.Queue(sqlgen.Requests.Get, l.cfg.Prefix, key, requestID).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var prefix, k, id string
 			var err error

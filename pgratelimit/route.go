@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -67,15 +69,15 @@ type router struct {
 	goroutines sync.WaitGroup
 
 	mu     sync.Mutex
-	nodes  map[string]*node       // by "host:port"
-	stmts  map[string]*statements // by shard table and placement check
+	nodes  map[string]*node              // by "host:port"
+	stmts  map[string]*sqlgen.Statements // by shard table and placement check
 	closed bool
 }
 
 // routes is one reading of the shard maps.
 type routes struct {
-	tables   [2]*shardMap          // by Storage; nil: that table's checks are not routed
-	stmts    map[int64]*statements // by shard ID: on its table; only shards routed to
+	tables   [2]*shardMap                 // by Storage; nil: that table's checks are not routed
+	stmts    map[int64]*sqlgen.Statements // by shard ID: on its table; only shards routed to
 	nodes    map[string]*node
 	loadedAt time.Time
 }
@@ -88,7 +90,7 @@ type node struct {
 }
 
 func newRouter(app *pgxpool.Pool, slots int) *router {
-	return &router{app: app, slots: slots, nodes: make(map[string]*node), stmts: make(map[string]*statements)}
+	return &router{app: app, slots: slots, nodes: make(map[string]*node), stmts: make(map[string]*sqlgen.Statements)}
 }
 
 // nodeOf returns the node that holds every row of q, with the routes that
@@ -189,7 +191,7 @@ WHERE groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group) AND noderol
 		return ErrClosed
 	}
 	rt.nodes = make(map[string]*node)
-	rt.stmts = make(map[int64]*statements)
+	rt.stmts = make(map[int64]*sqlgen.Statements)
 	// The client's coalesced transactions are shared out among the nodes,
 	// at least one each.
 	var addrs []string
@@ -218,7 +220,7 @@ WHERE groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group) AND noderol
 			placed := fmt.Sprintf(`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = %d AND groupid = %d)`, sh.id, sh.group)
 			st := r.stmts[sh.name+placed]
 			if st == nil {
-				ns := newStatements(sh.name, placed)
+				ns := sqlgen.Buckets(sh.name, placed)
 				st = &ns
 				r.stmts[sh.name+placed] = st
 			}
@@ -322,9 +324,9 @@ func (onShards) deleter(ct cleanupTable) deleter { return citus{}.deleter(ct) }
 type shardRows struct{ rt *routes }
 
 // table returns the statements of the shard table that holds r.
-func (d shardRows) table(s Storage, r row) *tableStatements {
+func (d shardRows) table(s Storage, r row) *sqlgen.Table {
 	id, _, _ := d.rt.tables[s].shardOf(r.key)
-	return &d.rt.stmts[id].one
+	return &d.rt.stmts[id].One
 }
 
 // insert: the attempt's first row's insert, the first statement to touch a
@@ -333,9 +335,9 @@ func (d shardRows) insert(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
 		ts := d.table(s, r)
 		if r == a.rows[0] {
-			return stmt{sql: ts.guardedInsert, args: []any{r.prefix, r.key, a.interval(r), a.clock, d.shards(a)}}
+			return stmt{sql: ts.GuardedInsert, args: []any{r.prefix, r.key, a.interval(r), a.clock, d.shards(a)}}
 		}
-		return stmt{sql: ts.insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
+		return stmt{sql: ts.Insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
 	})
 }
 
@@ -355,11 +357,11 @@ func (d shardRows) relock(s Storage, rows []row, a *attempt) []stmt {
 
 func (d shardRows) update(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
-		return stmt{sql: d.table(s, r).update, args: a.updateArgs(r)}
+		return stmt{sql: d.table(s, r).Update, args: a.updateArgs(r)}
 	})
 }
 
-func (shardRows) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
+func (shardRows) values(sql sqlgen.Rows, rows [][]any, scan func(rowScanner) error) []stmt {
 	return oneRow{}.values(sql, rows, scan)
 }
 
@@ -389,5 +391,5 @@ func (d shardRows) shards(a *attempt) string {
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	return int64Array(len(ids), func(i int) int64 { return ids[i] })
+	return sqlgen.Int64Array(len(ids), func(i int) int64 { return ids[i] })
 }

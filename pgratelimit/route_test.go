@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -64,7 +66,7 @@ func TestNodeOf(t *testing.T) {
 	}
 	a, b := &node{}, &node{}
 	r := &router{}
-	rt := &routes{tables: [2]*shardMap{Durable: split}, stmts: map[int64]*statements{10: {}, 11: {}},
+	rt := &routes{tables: [2]*shardMap{Durable: split}, stmts: map[int64]*sqlgen.Statements{10: {}, 11: {}},
 		nodes: map[string]*node{"a:1": a, "b:1": b}, loadedAt: time.Now()}
 	r.routes.Store(rt)
 	q := func(kind account.Kind, id string, cs ...charge) *request {
@@ -100,7 +102,7 @@ func TestNodeOf(t *testing.T) {
 	// A shard with another placement is not routed (its copies would part).
 	rt2 := *rt
 	rt2.tables[Durable] = whole("a:1")
-	rt2.stmts = map[int64]*statements{}
+	rt2.stmts = map[int64]*sqlgen.Statements{}
 	r.routes.Store(&rt2)
 	if got, _ := r.nodeOf(q(account.OpCharge, "", c(Durable, onA))); got != nil {
 		t.Error("a shard without statements (several placements) was routed")

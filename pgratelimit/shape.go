@@ -2,8 +2,9 @@ package pgratelimit
 
 import (
 	"fmt"
-	"strings"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
 // shape builds a transaction's statements over the rows of one table (sorted,
@@ -19,7 +20,7 @@ type shape interface {
 	update(s Storage, rows []row, a *attempt) []stmt
 	// values runs sql over rows of values (string, int64 and time.Time
 	// columns), reading what it returns with scan (nil: nothing).
-	values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt
+	values(sql sqlgen.Rows, rows [][]any, scan func(rowScanner) error) []stmt
 	// settings are the setting pairs the shape's statements need in an own
 	// transaction.
 	settings() []string
@@ -39,19 +40,19 @@ type oneRow struct{}
 
 func (oneRow) insert(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
-		return stmt{sql: s.statements().one.insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
+		return stmt{sql: s.statements().One.Insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
 	})
 }
 
 func (oneRow) lock(s Storage, rows []row, a *attempt) []stmt {
-	sql, scan := a.lockSQL(&s.statements().one, s), a.scanInto(s)
+	sql, scan := a.lockSQL(&s.statements().One, s), a.scanInto(s)
 	return perRow(rows, func(r row) stmt {
 		return stmt{sql: sql, args: []any{r.prefix, r.key, a.clock}, scan: scan}
 	})
 }
 
 func (oneRow) relock(s Storage, rows []row, a *attempt) []stmt {
-	sql, scan := a.relockSQL(&s.statements().one, s), a.scanInto(s)
+	sql, scan := a.relockSQL(&s.statements().One, s), a.scanInto(s)
 	return perRow(rows, func(r row) stmt {
 		return stmt{sql: sql, args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan}
 	})
@@ -59,7 +60,7 @@ func (oneRow) relock(s Storage, rows []row, a *attempt) []stmt {
 
 func (oneRow) update(s Storage, rows []row, a *attempt) []stmt {
 	return perRow(rows, func(r row) stmt {
-		return stmt{sql: s.statements().one.update, args: a.updateArgs(r)}
+		return stmt{sql: s.statements().One.Update, args: a.updateArgs(r)}
 	})
 }
 
@@ -70,7 +71,7 @@ func (a *attempt) updateArgs(r row) []any {
 	return []any{r.prefix, r.key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
 }
 
-func (oneRow) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
+func (oneRow) values(sql sqlgen.Rows, rows [][]any, scan func(rowScanner) error) []stmt {
 	stmts := make([]stmt, len(rows))
 	for i, r := range rows {
 		args := make([]any, len(r))
@@ -80,7 +81,7 @@ func (oneRow) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []s
 			}
 			args[j] = v
 		}
-		stmts[i] = stmt{sql: sql.one, args: args, scan: scan}
+		stmts[i] = stmt{sql: sql.One, args: args, scan: scan}
 	}
 	return stmts
 }
@@ -103,42 +104,42 @@ func perRow(rows []row, f func(r row) stmt) []stmt {
 type arrays struct{}
 
 func (arrays) insert(s Storage, rows []row, a *attempt) []stmt {
-	return []stmt{{sql: s.statements().many.insert, args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}}}
+	return []stmt{{sql: s.statements().Many.Insert, args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}}}
 }
 
 func (arrays) lock(s Storage, rows []row, a *attempt) []stmt {
-	return []stmt{{sql: a.lockSQL(&s.statements().many, s), args: []any{prefixArray(rows), keyArray(rows), a.clock}, scan: a.scanInto(s)}}
+	return []stmt{{sql: a.lockSQL(&s.statements().Many, s), args: []any{prefixArray(rows), keyArray(rows), a.clock}, scan: a.scanInto(s)}}
 }
 
 func (arrays) relock(s Storage, rows []row, a *attempt) []stmt {
-	return []stmt{{sql: a.relockSQL(&s.statements().many, s), args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, scan: a.scanInto(s)}}
+	return []stmt{{sql: a.relockSQL(&s.statements().Many, s), args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, scan: a.scanInto(s)}}
 }
 
 func (arrays) update(s Storage, rows []row, a *attempt) []stmt {
-	return []stmt{{sql: s.statements().many.update, args: []any{
+	return []stmt{{sql: s.statements().Many.Update, args: []any{
 		prefixArray(rows), keyArray(rows),
-		int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Tokens }),
-		timeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.RefilledAt }),
-		timeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
-		int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
+		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Tokens }),
+		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.RefilledAt }),
+		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
+		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
 	}}}
 }
 
-func (arrays) values(sql rowsSQL, rows [][]any, scan func(rowScanner) error) []stmt {
+func (arrays) values(sql sqlgen.Rows, rows [][]any, scan func(rowScanner) error) []stmt {
 	args := make([]any, len(rows[0]))
 	for j := range args {
 		switch rows[0][j].(type) {
 		case string:
-			args[j] = textArray(len(rows), func(i int) string { return rows[i][j].(string) })
+			args[j] = sqlgen.TextArray(len(rows), func(i int) string { return rows[i][j].(string) })
 		case int64:
-			args[j] = int64Array(len(rows), func(i int) int64 { return rows[i][j].(int64) })
+			args[j] = sqlgen.Int64Array(len(rows), func(i int) int64 { return rows[i][j].(int64) })
 		case time.Time:
-			args[j] = timeArray(len(rows), func(i int) time.Time { return rows[i][j].(time.Time) })
+			args[j] = sqlgen.TimeArray(len(rows), func(i int) time.Time { return rows[i][j].(time.Time) })
 		default:
 			panic(fmt.Sprintf("pgratelimit: no array of %T", rows[0][j])) // a bug of ours, not an input
 		}
 	}
-	return []stmt{{sql: sql.many, args: args, scan: scan}}
+	return []stmt{{sql: sql.Many, args: args, scan: scan}}
 }
 
 // settings plan the array statements once per connection (a generic plan),
@@ -156,25 +157,25 @@ func (arrays) guard(*attempt) []stmt { return nil }
 
 // lockSQL is the locking statement of ts for a's lock mode, reading grants
 // when a does for rows of s.
-func (a *attempt) lockSQL(ts *tableStatements, s Storage) string {
+func (a *attempt) lockSQL(ts *sqlgen.Table, s Storage) string {
 	switch skip := a.mode != waitLocks; {
 	case a.withGrants(s) && skip:
-		return ts.lockSkipGrants
+		return ts.LockSkipGrants
 	case a.withGrants(s):
-		return ts.lockGrants
+		return ts.LockGrants
 	case skip:
-		return ts.lockSkip
+		return ts.LockSkip
 	}
-	return ts.lock
+	return ts.Lock
 }
 
 // relockSQL is the relock statement of ts, reading grants when a does for
 // rows of s.
-func (a *attempt) relockSQL(ts *tableStatements, s Storage) string {
+func (a *attempt) relockSQL(ts *sqlgen.Table, s Storage) string {
 	if a.withGrants(s) {
-		return ts.relockGrants
+		return ts.RelockGrants
 	}
-	return ts.relock
+	return ts.Relock
 }
 
 // byStorage yields the parts of sorted rows that share a table, in order.
@@ -194,31 +195,13 @@ func byStorage(rows []row) func(yield func(Storage, []row) bool) {
 }
 
 func prefixArray(rows []row) string {
-	return textArray(len(rows), func(i int) string { return rows[i].prefix })
+	return sqlgen.TextArray(len(rows), func(i int) string { return rows[i].prefix })
 }
 
 func keyArray(rows []row) string {
-	return textArray(len(rows), func(i int) string { return rows[i].key })
+	return sqlgen.TextArray(len(rows), func(i int) string { return rows[i].key })
 }
 
 func horizonArray(rows []row, a *attempt) string {
-	return textArray(len(rows), func(i int) string { return a.interval(rows[i]) })
+	return sqlgen.TextArray(len(rows), func(i int) string { return a.interval(rows[i]) })
 }
-
-// setConfigSQL is a statement that sets n settings for the transaction:
-// $1 to $2, $3 to $4, and so on.
-func setConfigSQL(n int) string { return setConfigSQLs[n] }
-
-// setConfigSQLs holds the statement for every number of settings a
-// transaction can have (the shape's four, lock_timeout and
-// synchronous_commit).
-var setConfigSQLs = func() (sqls [7]string) {
-	for n := 1; n < len(sqls); n++ {
-		calls := make([]string, n)
-		for i := range calls {
-			calls[i] = fmt.Sprintf("set_config($%d, $%d, true)", 2*i+1, 2*i+2)
-		}
-		sqls[n] = "SELECT " + strings.Join(calls, ", ")
-	}
-	return sqls
-}()

@@ -1,4 +1,9 @@
-package pgratelimit
+// Package sqlgen holds every SQL text of pgratelimit: the statements of a
+// check in their two shapes (one row per statement, or arrays), over any
+// bucket table (a shard's too), and those of grants, request IDs and the
+// ledger; plus the encoders of the text parameters they take. It returns
+// strings only; the engine runs them.
+package sqlgen
 
 import (
 	"fmt"
@@ -18,22 +23,22 @@ import (
 // and on any database/sql driver, in every pgx query mode, and behind
 // PgBouncer. $1 and $2 are always the rows' prefixes and keys (arrays of
 // them, or one of each).
-type statements struct {
-	one, many tableStatements
+type Statements struct {
+	One, Many Table
 	// citus are one's statements as Citus can plan them once and route
 	// them to one shard (see citusRow): the lock a plain SELECT of one
 	// table, and no clock in any of them (a volatile function stops Citus
 	// caching a plan).
-	citus tableStatements
+	Citus Table
 
 	// peek reads one row without locking it.
-	peek string
+	Peek string
 	// remove deletes one row (Reset).
-	remove string
+	Remove string
 }
 
-// tableStatements are the statements of a transaction over rows of one table.
-type tableStatements struct {
+// Table is the statements of a transaction over rows of one table.
+type Table struct {
 	// insert creates the missing rows as placeholders: refilled_at is the
 	// zero time, which every check reads exactly as a missing row (a full
 	// bucket whose grid starts at the clock read after the row lock). The
@@ -43,28 +48,28 @@ type tableStatements struct {
 	// what the first check will compute ($3: how long after it the bucket is
 	// full again, rounded up to the minute from the transaction's clock), so
 	// that check's UPDATE most often leaves it alone.
-	insert string
+	Insert string
 	// guardedInsert (one row) is insert after a routed transaction's guard
 	// on Citus (shardRows.guard): lock_shard_metadata on the shards $5.
-	guardedInsert string
+	GuardedInsert string
 	// lock and lockSkip lock the rows one by one in the order given, which
 	// is (prefix, key) order, and read them with the clock ($3, or the
 	// database's clock_timestamp() read after each lock). lockSkip skips rows
 	// that another transaction holds: coalesced batches never wait for a row
 	// lock.
-	lock, lockSkip string
+	Lock, LockSkip string
 	// relock is lock for rows that vanished between insert and lock (a
 	// cleanup deleted them): an upsert, which always returns the row, locked.
-	relock string
+	Relock string
 	// update writes the rows a check changed.
-	update string
+	Update string
 	// lockGrants, lockSkipGrants and relockGrants are lock, lockSkip and
 	// relock that also read the key's grants (amount > 0; expiry is judged
 	// in Go, by the check's clock), locked, only for the rows whose lock
 	// they hold: a row per grant, or one with NULL grant columns. The
 	// statements of a transaction that charges a limiter with
 	// Config.Grants.
-	lockGrants, lockSkipGrants, relockGrants string
+	LockGrants, LockSkipGrants, RelockGrants string
 }
 
 // placeholderTime is the refilled_at of a placeholder row: Go's zero time,
@@ -89,11 +94,11 @@ const (
 	noClock4 = `COALESCE($4::timestamptz, timestamptz 'epoch')`
 )
 
-// newStatements returns the statements of the bucket table t, a name as
+// Buckets returns the statements of the bucket table t, a name as
 // SQL takes it (quoted, maybe schema-qualified). extra, if not empty, is
 // one more column (", expression") that one's lock and relock return after
 // the clock (a Citus shard's placement check, see shardRows).
-func newStatements(t, extra string) statements {
+func Buckets(t, extra string) Statements {
 	g := pgx.Identifier{GrantsTable}.Sanitize()
 	rows := `unnest($1::text::text[], $2::text::text[])`
 	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
@@ -143,54 +148,54 @@ FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
 	newOne := `$1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval")
 	valuesOne := `VALUES (` + newOne + `)`
-	return statements{
-		many: tableStatements{
-			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+	return Statements{
+		Many: Table{
+			Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + valuesMany + `
 ON CONFLICT (prefix, key) DO NOTHING`,
-			lock:           variant(lock, "", false),
-			lockSkip:       variant(lock, " SKIP LOCKED", false),
-			lockGrants:     variant(lock, "", true),
-			lockSkipGrants: variant(lock, " SKIP LOCKED", true),
-			relock:         relock(valuesMany, dbClock4),
-			relockGrants:   relockGrants(valuesMany),
-			update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
+			Lock:           variant(lock, "", false),
+			LockSkip:       variant(lock, " SKIP LOCKED", false),
+			LockGrants:     variant(lock, "", true),
+			LockSkipGrants: variant(lock, " SKIP LOCKED", true),
+			Relock:         relock(valuesMany, dbClock4),
+			RelockGrants:   relockGrants(valuesMany),
+			Update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
      AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
 WHERE t.prefix = r.prefix AND t.key = r.key`,
 		},
-		one: tableStatements{
-			insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+		One: Table{
+			Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + valuesOne + `
 ON CONFLICT (prefix, key) DO NOTHING`,
-			guardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+			GuardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 SELECT ` + newOne + ` FROM pg_catalog.lock_shard_metadata(5, $5::text::bigint[])
 ON CONFLICT (prefix, key) DO NOTHING`,
-			lock:           variant(lock1, "", false),
-			lockSkip:       variant(lock1, " SKIP LOCKED", false),
-			lockGrants:     variant(lock1, "", true),
-			lockSkipGrants: variant(lock1, " SKIP LOCKED", true),
-			relock:         relock(valuesOne, dbClock4+extra),
-			relockGrants:   relockGrants(valuesOne),
-			update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
+			Lock:           variant(lock1, "", false),
+			LockSkip:       variant(lock1, " SKIP LOCKED", false),
+			LockGrants:     variant(lock1, "", true),
+			LockSkipGrants: variant(lock1, " SKIP LOCKED", true),
+			Relock:         relock(valuesOne, dbClock4+extra),
+			RelockGrants:   relockGrants(valuesOne),
+			Update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
 		},
 		// Only the locks differ from one's (citusRow inserts and updates
 		// with one's). Citus cannot plan the lateral join of grants:
 		// citusRow reads them in statements of their own (grantSQL.lockOne).
-		citus: tableStatements{
-			lock:     variant(lockFlat, "", false),
-			lockSkip: variant(lockFlat, " SKIP LOCKED", false),
-			relock:   relock(valuesOne, noClock4),
+		Citus: Table{
+			Lock:     variant(lockFlat, "", false),
+			LockSkip: variant(lockFlat, " SKIP LOCKED", false),
+			Relock:   relock(valuesOne, noClock4),
 		},
-		peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
+		Peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
-		remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
+		Remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
 	}
 }
 
-// textArray encodes n elements as a PostgreSQL array literal, each element
+// TextArray encodes n elements as a PostgreSQL array literal, each element
 // double-quoted (keys may hold any character but NUL).
-func textArray(n int, elem func(i int) string) string {
+func TextArray(n int, elem func(i int) string) string {
 	return array(n, func(b []byte, i int) []byte {
 		s := elem(i)
 		b = append(b, '"')
@@ -204,14 +209,15 @@ func textArray(n int, elem func(i int) string) string {
 	})
 }
 
-func int64Array(n int, elem func(i int) int64) string {
+// Int64Array encodes n integers as a PostgreSQL array literal.
+func Int64Array(n int, elem func(i int) int64) string {
 	return array(n, func(b []byte, i int) []byte { return strconv.AppendInt(b, elem(i), 10) })
 }
 
-// timeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
+// TimeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
 // The times of a batch repeat (one grid, one expiry minute): a time equal to
 // the one before is copied rather than formatted again.
-func timeArray(n int, elem func(i int) time.Time) string {
+func TimeArray(n int, elem func(i int) time.Time) string {
 	var last time.Time
 	var lastAt, lastEnd int
 	return array(n, func(b []byte, i int) []byte {
@@ -241,11 +247,11 @@ func array(n int, elem func(b []byte, i int) []byte) string {
 	return string(append(b, '}'))
 }
 
-// interval encodes a duration as PostgreSQL interval input, in hours and
+// Interval encodes a duration as PostgreSQL interval input, in hours and
 // seconds: PostgreSQL 14 reads each field of interval input as a 32-bit
 // integer, so "3600000000 microseconds" (an hour) is out of range there,
 // while a Duration's ~2.56 million hours fit.
-func interval(d time.Duration) string {
+func Interval(d time.Duration) string {
 	us := d.Microseconds()
 	h, rest := us/3_600_000_000, us%3_600_000_000
 	b := make([]byte, 0, 40)
@@ -258,107 +264,132 @@ func interval(d time.Duration) string {
 	return string(append(b, " seconds"...))
 }
 
-// GrantsTable is the table of grants (Limiter.Grant), created by the
-// migrations in package migrations.
+// GrantsTable is the table of grants, created by the migrations.
 const GrantsTable = "pgratelimit_grants"
 
-// grantStatements are the statements of the grants table beside a check's
+// GrantStatements are the statements of the grants table beside a check's
 // (which reads grants with the bucket rows, see lockGrants). A grant's
 // expires_at is NULL when it never expires.
-type grantStatements struct {
+type GrantStatements struct {
 	// lockOne and lockOneSkip read a key's grants, locked (lockGrants as a
 	// statement of its own, for Citus).
-	lockOne, lockOneSkip string
+	LockOne, LockOneSkip string
 	// write sets the amounts of grants a transaction changed, making again
 	// those that a refund gives credits back to after cleanup deleted them
 	// spent, and inserting new ones: (prefix, key, id, amount, expires_at
 	// as text, '' for NULL, granted_at, ledger as 0 or 1).
-	write rowsSQL
+	Write Rows
 	// nextID reads a new grant's ID from the table's identity.
-	nextID string
+	NextID string
 	// list reads a key's grants with credits left (live or not).
-	list string
+	List string
 }
 
-var grantSQL = func() grantStatements {
+var Grants = func() GrantStatements {
 	t := pgx.Identifier{GrantsTable}.Sanitize()
 	lock := `SELECT prefix, key, id, amount, expires_at, ledger FROM ` + t + ` WHERE prefix = $1 AND key = $2 AND amount > 0 FOR UPDATE`
-	return grantStatements{
-		lockOne:     lock,
-		lockOneSkip: lock + ` SKIP LOCKED`,
-		write: rowsSQL{
-			one: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
+	return GrantStatements{
+		LockOne:     lock,
+		LockOneSkip: lock + ` SKIP LOCKED`,
+		Write: Rows{
+			One: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
 VALUES ($1, $2, $3, $4, NULLIF($5, '')::timestamptz, $6::text::timestamptz, $7 <> 0)
 ON CONFLICT (prefix, key, id) DO UPDATE SET amount = excluded.amount`,
-			many: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
+			Many: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
 SELECT prefix, key, id, amount, NULLIF(exp, '')::timestamptz, at, ledger <> 0
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[], $5::text::text[],
             $6::text::timestamptz[], $7::text::bigint[]) AS r(prefix, key, id, amount, exp, at, ledger)
 ON CONFLICT (prefix, key, id) DO UPDATE SET amount = excluded.amount`,
 		},
-		nextID: `SELECT nextval(pg_get_serial_sequence($1, 'id'))`,
-		list: `SELECT id, amount, expires_at, granted_at, ledger FROM ` + t + `
+		NextID: `SELECT nextval(pg_get_serial_sequence($1, 'id'))`,
+		List: `SELECT id, amount, expires_at, granted_at, ledger FROM ` + t + `
 WHERE prefix = $1 AND key = $2 AND amount > 0`,
 	}
 }()
 
-// Table names of request IDs and the ledger, created by the migrations.
+// The tables, created by the migrations in package migrations.
 const (
-	RequestsTable = "pgratelimit_requests"
-	LedgerTable   = "pgratelimit_ledger"
+	DurableTable   = "pgratelimit_buckets"
+	EphemeralTable = "pgratelimit_ephemeral_buckets"
+	RequestsTable  = "pgratelimit_requests"
+	LedgerTable    = "pgratelimit_ledger"
 )
 
-// rowsSQL is a statement over rows of values in the two shapes (see
+// Durable and Ephemeral are the statements of the two bucket tables.
+var (
+	Durable   = Buckets(pgx.Identifier{DurableTable}.Sanitize(), "")
+	Ephemeral = Buckets(pgx.Identifier{EphemeralTable}.Sanitize(), "")
+)
+
+// SetConfig is a statement that sets n settings (1 to 6) for the
+// transaction: $1 to $2, $3 to $4, and so on.
+func SetConfig(n int) string { return setConfigs[n] }
+
+// setConfigs holds the statement for every number of settings a
+// transaction can have (the array shape's four, lock_timeout and
+// synchronous_commit).
+var setConfigs = func() (sqls [7]string) {
+	for n := 1; n < len(sqls); n++ {
+		calls := make([]string, n)
+		for i := range calls {
+			calls[i] = fmt.Sprintf("set_config($%d, $%d, true)", 2*i+1, 2*i+2)
+		}
+		sqls[n] = "SELECT " + strings.Join(calls, ", ")
+	}
+	return sqls
+}()
+
+// Rows is a statement over rows of values in the two shapes (see
 // shape.rows): one takes one row's values as $1, $2, ...; many takes each
 // column as an array.
-type rowsSQL struct{ one, many string }
+type Rows struct{ One, Many string }
 
-// requestSQL and ledgerSQL are the statements of request IDs and the
+// Requests and Ledger are the statements of request IDs and the
 // ledger. A request row holds its record (see record.go): kind, cost (the
 // amount), the first outcome's remaining and granted, settled (NULL, or the
 // actual cost), and the rest in detail, JSON.
-var requestSQL, ledgerSQL = func() (req struct {
-	read, write rowsSQL
-	get         string
+var Requests, Ledger = func() (req struct {
+	Read, Write Rows
+	Get         string
 }, led struct {
-	write rowsSQL
-	list  string
+	Write Rows
+	List  string
 }) {
 	r := pgx.Identifier{RequestsTable}.Sanitize()
 	l := pgx.Identifier{LedgerTable}.Sanitize()
 	const cols = `prefix, key, request_id, kind, cost, remaining, granted, settled, detail, created_at, expires_at`
-	req.read = rowsSQL{
-		one: `SELECT ` + cols + ` FROM ` + r + `
+	req.Read = Rows{
+		One: `SELECT ` + cols + ` FROM ` + r + `
 WHERE prefix = $1 AND key = $2 AND request_id = $3`,
-		many: `SELECT q.prefix, q.key, q.request_id, q.kind, q.cost, q.remaining, q.granted, q.settled, q.detail, q.created_at, q.expires_at
+		Many: `SELECT q.prefix, q.key, q.request_id, q.kind, q.cost, q.remaining, q.granted, q.settled, q.detail, q.created_at, q.expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS x(prefix, key, request_id)
 JOIN ` + r + ` q ON q.prefix = x.prefix AND q.key = x.key AND q.request_id = x.request_id`,
 	}
-	req.get = req.read.one
+	req.Get = req.Read.One
 	const set = `ON CONFLICT (prefix, key, request_id) DO UPDATE SET kind = excluded.kind, cost = excluded.cost,
     remaining = excluded.remaining, granted = excluded.granted, settled = excluded.settled, detail = excluded.detail,
     created_at = excluded.created_at, expires_at = excluded.expires_at`
-	req.write = rowsSQL{
-		one: `INSERT INTO ` + r + ` (` + cols + `)
+	req.Write = Rows{
+		One: `INSERT INTO ` + r + ` (` + cols + `)
 VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, -1), $9, $10::text::timestamptz, $11::text::timestamptz)
 ` + set,
-		many: `INSERT INTO ` + r + ` (` + cols + `)
+		Many: `INSERT INTO ` + r + ` (` + cols + `)
 SELECT prefix, key, request_id, kind, cost, remaining, granted, NULLIF(settled, -1), detail, created_at, expires_at
 FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::bigint[],
             $7::text::bigint[], $8::text::bigint[], $9::text::text[], $10::text::timestamptz[], $11::text::timestamptz[])
      AS x(prefix, key, request_id, kind, cost, remaining, granted, settled, detail, created_at, expires_at)
 ` + set,
 	}
-	led.write = rowsSQL{
-		one: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
+	led.Write = Rows{
+		One: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
 VALUES ($1, $2, $3::text::timestamptz, $4, $5, NULLIF($6, ''), $7, $8, $9)`,
-		many: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
+		Many: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
 SELECT prefix, key, at, amount, kind, NULLIF(request_id, ''), balance, grants_amount, granted
 FROM unnest($1::text::text[], $2::text::text[], $3::text::timestamptz[], $4::text::bigint[], $5::text::text[],
             $6::text::text[], $7::text::bigint[], $8::text::bigint[], $9::text::bigint[])
      AS x(prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)`,
 	}
-	led.list = `SELECT id, at, amount, kind, COALESCE(request_id, ''), balance, grants_amount, COALESCE(granted, 0) FROM ` + l + `
+	led.List = `SELECT id, at, amount, kind, COALESCE(request_id, ''), balance, grants_amount, COALESCE(granted, 0) FROM ` + l + `
 WHERE prefix = $1 AND key = $2 AND at >= $3::text::timestamptz ORDER BY at, id`
 	return req, led
 }()
