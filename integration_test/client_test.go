@@ -55,7 +55,7 @@ func TestNewClient(t *testing.T) {
 }
 
 // A client's limiters check exactly as New's do; AllowAll takes limiters of
-// one client only.
+// one pool only, of one client or not.
 func TestClientLimiters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -72,12 +72,18 @@ func TestClientLimiters(t *testing.T) {
 	r, err := other.Peek(ctx, "k")
 	require.NoError(t, err)
 	require.Zero(t, r.Remaining, "clients of one database share its buckets")
-	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: other, Key: "j", Cost: 1})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	dflt, err := newLimiterOn(pool, cfg)
+	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: other, Key: "j", Cost: 1})
+	require.NoError(t, err, "limiters of two clients of one pool")
+	require.False(t, m.Allowed, "k is empty")
+	own, err := newLimiterOn(pool, cfg)
 	require.NoError(t, err)
-	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: dflt, Key: "j", Cost: 1})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "a client's limiter and the pool's default client's")
+	m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: own, Key: "j", Cost: 1}, pgratelimit.Charge{Limiter: other, Key: "i", Cost: 1})
+	require.NoError(t, err, "a limiter of New's and a client's")
+	require.True(t, m.Allowed)
+	elsewhere, err := newLimiterOn(newPool(t), cfg)
+	require.NoError(t, err)
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: elsewhere, Key: "j", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "limiters of two pools")
 }
 
 // Close waits for the checks in flight, which are decided (exactly: what

@@ -12,16 +12,17 @@ import (
 // With the deny cache, checks of a denied key are denied locally until its
 // RetryAfter has passed, counting down, without a transaction (here: while
 // another transaction holds the row, which a database check would wait
-// for); a smaller cost, a refund through another limiter of the prefix, or
-// the retry time passing sends the check to the database again.
+// for); a smaller cost, a refund through another limiter of the prefix and
+// the Client, or the retry time passing sends the check to the database
+// again.
 func TestDenyCache(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	clock := newClock()
+	client := newClient(t, pool, pgratelimit.ClientConfig{})
 	cfg := pgratelimit.Config{Prefix: "dc", Capacity: 3, Refill: 3, Interval: time.Minute, Clock: clock.Now, DenyCacheSize: 100}
-	l, err := newLimiterOn(pool, cfg)
-	require.NoError(t, err)
+	l := clientLimiter(t, client, cfg)
 	r, err := l.AllowN(ctx, "k", 3)
 	require.NoError(t, err)
 	require.True(t, r.Allowed)
@@ -43,9 +44,9 @@ func TestDenyCache(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a smaller cost asks the database")
 	require.NoError(t, holder.Rollback(ctx))
 
-	// A refund through another limiter of the prefix clears the entry.
-	other, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "dc", Capacity: 3, Refill: 3, Interval: time.Minute, Clock: clock.Now})
-	require.NoError(t, err)
+	// A refund through another limiter of the prefix and client clears
+	// the entry.
+	other := clientLimiter(t, client, pgratelimit.Config{Prefix: "dc", Capacity: 3, Refill: 3, Interval: time.Minute, Clock: clock.Now})
 	_, err = other.Refund(ctx, "k", 2)
 	require.NoError(t, err)
 	r, err = l.AllowN(ctx, "k", 2)

@@ -8,10 +8,8 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
-
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/cleanup"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -83,14 +81,15 @@ const cleanupLockClass int32 = 0x70676c63
 
 // DeleteExpired deletes the rows of both bucket tables (durable and
 // ephemeral) whose expires_at has passed: buckets that are full again, which
-// a check treats exactly like missing rows, and the grants that are spent or
-// expired, which no check spends; so deleting them never changes a
-// decision. It also forgets request IDs past their retention
-// (Config.RequestIDRetention), and, with opts.LedgerRetention, ledger rows
-// older than it. It deletes in batches of opts.BatchSize, one short transaction
-// each, skipping rows that a check has locked (FOR UPDATE SKIP LOCKED), until
-// a batch comes back short or ctx ends. It returns the number of rows
-// deleted, also when it stops on an error.
+// a check treats exactly like missing rows, and the grants that are spent
+// (or expired, once their expiry is in the ledger), which no check spends;
+// so deleting them never changes a decision. It also forgets request IDs
+// past their retention (Config.RequestIDRetention), and, with
+// opts.LedgerRetention, ledger rows older than it. It deletes in batches of
+// opts.BatchSize, one short transaction each, skipping rows that a check has
+// locked (FOR UPDATE SKIP LOCKED), until a batch comes back short or ctx
+// ends. It returns the number of rows deleted, also when it stops on an
+// error.
 func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions) (deleted int64, err error) {
 	st, err := deleteExpired(ctx, pool, opts, false)
 	return st.Deleted, err
@@ -104,152 +103,11 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 		return st, err
 	}
 	start := time.Now()
-	defer func() { st.Duration = time.Since(start) }() // st is the named result: this sets what is returned
-	deleted := cleanupCounter(opts.MeterProvider)
-	d, err := detectDialect(ctx, pool) // once per run: tables may have been distributed since
-	if err != nil {
-		return st, err
-	}
-	nodes := nodePools{}
-	defer nodes.close()
-	for _, ct := range cleanupTables(opts.LedgerRetention) {
-		parts, err := cleanupParts(ctx, pool, d, ct, nodes, opts.StatementTimeout)
-		if err != nil {
-			return st, dbError("delete expired rows of "+ct.name, err)
-		}
-		for _, p := range parts {
-			for {
-				if err := ctx.Err(); err != nil {
-					return st, err
-				}
-				var now any
-				if opts.Clock != nil {
-					now = opts.Clock().Truncate(time.Microsecond).UTC()
-				}
-				n, more, locked, err := deleteBatch(ctx, p.db, p.del, now, opts, exclusive)
-				if p.gone(err) {
-					break // the shard left the node: its rows are the next run's
-				}
-				if err != nil {
-					return st, dbError("delete expired rows of "+p.table, err)
-				}
-				if !locked {
-					st.Skipped = true
-					return st, nil
-				}
-				st.Batches++
-				st.Deleted += n
-				deleted.Add(context.WithoutCancel(ctx), n)
-				if !more {
-					break
-				}
-			}
-		}
-	}
-	return st, nil
-}
-
-// cleanupTable is a table cleanup deletes dead rows of.
-type cleanupTable struct {
-	name string
-	// sql, when set, is the table to delete from as SQL takes it, in
-	// place of name's: a Citus shard's own table (see cleanupParts).
-	sql string
-	// dead is the SQL condition of the rows to delete, given the SQL of
-	// the time.
-	dead func(now string) string
-	// order is the ORDER BY of the rows to delete first, which an index
-	// serves; "" walks the table by ranges of cleanupBlocks pages instead
-	// (see walk).
-	order string
-}
-
-// cleanupBlocks is how many of a table's pages one batch of a walk scans
-// (8 MB of 8 kB pages).
-const cleanupBlocks = 1024
-
-// walk is the deleter of a table without an index for its dead rows (the
-// bucket tables: an index on expires_at would keep updates that move it
-// from being HOT, README "Cleanup"): each batch deletes in one range of
-// cleanupBlocks pages (a TID range scan), the next range once a batch comes
-// back short, up to the table's size at the first batch (rows added since
-// are the next run's). batch deletes up to batchSize dead rows in pages
-// [from, to), says whether it deleted that many (then the range may hold
-// more) and reads the table's size in pages.
-func walk(batch func(ctx context.Context, tx pgx.Tx, now any, batchSize int, from, to int64) (n int64, full bool, size int64, err error)) deleter {
-	var from int64
-	end := int64(-1)
-	return func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (int64, bool, error) {
-		n, full, size, err := batch(ctx, tx, now, batchSize, from, from+cleanupBlocks)
-		if err != nil {
-			return n, false, err
-		}
-		if end < 0 {
-			end = size
-		}
-		if !full {
-			from += cleanupBlocks
-		}
-		return n, from < end, nil
-	}
-}
-
-// cleanupTables are what cleanup deletes: buckets full again (expired),
-// grants spent or expired, request IDs past their retention, and, with a
-// ledgerRetention, ledger rows older than it.
-func cleanupTables(ledgerRetention time.Duration) []cleanupTable {
-	expired := func(now string) string { return "expires_at <= " + now }
-	ts := []cleanupTable{
-		{name: DurableTable, dead: expired},
-		{name: EphemeralTable, dead: expired},
-		// An expired grant of a limiter with a ledger stays until an
-		// operation on its key has written its "expire" row (and set its
-		// amount to 0).
-		{name: GrantsTable, dead: func(now string) string { return "(amount = 0 OR expires_at <= " + now + " AND NOT ledger)" }},
-		{name: RequestsTable, dead: expired, order: "ORDER BY expires_at"},
-	}
-	if ledgerRetention > 0 {
-		age := "interval '" + sqlgen.Interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
-		ts = append(ts, cleanupTable{name: LedgerTable, dead: func(now string) string { return "at <= " + now + " - " + age }, order: "ORDER BY at"})
-	}
-	return ts
-}
-
-// deleter deletes one batch of expired rows in tx: how many, and whether
-// there may be more.
-type deleter func(ctx context.Context, tx pgx.Tx, now any, batchSize int) (n int64, more bool, err error)
-
-// deleteBatch runs one batch transaction. When exclusive, it first takes the
-// cleanup advisory lock for the transaction and reports locked == false,
-// deleting nothing, if another instance holds it.
-func deleteBatch(ctx context.Context, db beginner, del deleter, now any, opts CleanupOptions, exclusive bool) (n int64, more, locked bool, err error) {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return 0, false, false, err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	batch := &pgx.Batch{}
-	batch.Queue(`SELECT set_config('statement_timeout', $1, true)`, fmt.Sprintf("%dms", opts.StatementTimeout.Milliseconds()))
-	locked = true
-	if exclusive {
-		batch.Queue(`SELECT pg_try_advisory_xact_lock($1, hashtext(current_schema()))`, cleanupLockClass).QueryRow(func(r pgx.Row) error {
-			return r.Scan(&locked)
-		})
-	}
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return 0, false, false, err
-	}
-	if !locked {
-		return 0, false, false, nil
-	}
-	n, more, err = del(ctx, tx, now, opts.BatchSize)
-	if err != nil {
-		return 0, false, true, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, false, true, err
-	}
-	return n, more, true, nil
+	counter := cleanupCounter(opts.MeterProvider)
+	run, err := cleanup.Run(ctx, pool, cleanup.Options{BatchSize: opts.BatchSize, Clock: opts.Clock,
+		StatementTimeout: opts.StatementTimeout, LedgerRetention: opts.LedgerRetention, Exclusive: exclusive,
+		Deleted: func(ctx context.Context, n int64) { counter.Add(ctx, n) }})
+	return CleanupStats{Deleted: run.Deleted, Batches: run.Batches, Skipped: run.Skipped, Duration: time.Since(start)}, err
 }
 
 // CleanerConfig configures a Cleaner.

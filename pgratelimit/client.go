@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
-	"weak"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/citus"
+	"github.com/pgratelimit/pgratelimit/internal/coalesce"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // ErrClosed is returned by the checks of a Client's limiters once Close has
@@ -47,32 +48,35 @@ type ClientConfig struct {
 // NewLimiter, and Close it when the application stops: Close waits for the
 // checks in flight, so none is cut off mid-transaction.
 //
-// New(pool, cfg) makes a limiter of the pool's default client instead, which
-// is made at the pool's first limiter, detects the dialect at its first
-// check, runs as many coalesced transactions at once as the most any of its
-// limiters asks for (Config.CoalesceConns), and is never closed. Prefer an
-// explicit Client in new code: its settings are in one place, a failed
-// detection is an error of NewClient rather than of a check, and Close
-// drains it.
+// New(pool, cfg) is NewLimiter on a client of the limiter's own, which
+// learns the dialect at its first check and is never closed: fine for a
+// limiter or two; prefer an explicit Client for more, so that their checks
+// share batches, a failed detection is an error of NewClient rather than of
+// a check, and Close drains them.
 //
 // A Client is safe for concurrent use.
 type Client struct {
 	pool  *pgxpool.Pool
-	co    *coalescer
+	co    *coalesce.Coalescer
 	gate  gate
 	slots int // batches in flight per pool (ClientConfig.CoalesceConns)
 
-	routing bool                   // route checks to Citus nodes (see router)
-	route   atomic.Pointer[router] // set once the dialect is Citus, if routing
+	routing bool                         // route checks to Citus nodes
+	route   atomic.Pointer[citus.Router] // set once the dialect is Citus, if routing
+	nodesMu sync.Mutex
+	nodes   map[*citus.Node]*coalesce.Coalescer // the coalescers of the nodes routed to
 
-	dia       atomic.Pointer[dialect] // nil until known
-	detecting sync.Mutex              // one detection at a time
+	dia       atomic.Pointer[engine.Dialect] // nil until known
+	detecting sync.Mutex                     // one detection at a time
 
 	// The deny caches of the client's limiters, by Prefix, so that a
 	// refund, reset or grant through any of them clears the key's entries.
 	denyMu     sync.RWMutex
 	denyCaches map[string][]*denyCache
 }
+
+// defaultCoalesceConns is ClientConfig.CoalesceConns's default.
+const defaultCoalesceConns = 2
 
 // NewClient returns a Client for the bucket tables in pool's database. With
 // cfg.Dialect DetectDialect it asks the database which dialect it speaks,
@@ -93,19 +97,22 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
-	if cfg.Dialect != DetectDialect {
-		c.setDialect(ctx, dialectOf(cfg.Dialect))
-		return c, nil
-	}
-	if _, err := c.Detect(ctx); err != nil {
-		return nil, err
+	switch cfg.Dialect {
+	case Postgres:
+		c.setDialect(ctx, engine.Postgres{})
+	case Citus:
+		c.setDialect(ctx, citus.Coordinator{})
+	default:
+		if _, err := c.Detect(ctx); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
 
 func newClient(pool *pgxpool.Pool, coalesceConns int) *Client {
 	slots := max(min(coalesceConns, int(pool.Config().MaxConns)), 1)
-	c := &Client{pool: pool, co: newCoalescer(pool, slots), slots: slots, routing: true}
+	c := &Client{pool: pool, co: coalesce.New(pool, slots), slots: slots, routing: true}
 	c.gate.drained = make(chan struct{})
 	return c
 }
@@ -130,12 +137,20 @@ func (c *Client) NewLimiter(cfg Config) (*Limiter, error) {
 }
 
 // Dialect reports the dialect c speaks: DetectDialect until it is known (a
-// default client learns it at its first check).
+// client of New learns it at its first check).
 func (c *Client) Dialect() Dialect {
 	if d := c.dia.Load(); d != nil {
-		return (*d).kind()
+		return dialectKind(*d)
 	}
 	return DetectDialect
+}
+
+// dialectKind is the Dialect named by d.
+func dialectKind(d engine.Dialect) Dialect {
+	if d.Name() == "citus" {
+		return Citus
+	}
+	return Postgres
 }
 
 // Detect asks the database again which dialect it speaks, and speaks it
@@ -145,34 +160,34 @@ func (c *Client) Dialect() Dialect {
 func (c *Client) Detect(ctx context.Context) (Dialect, error) {
 	c.detecting.Lock()
 	defer c.detecting.Unlock()
-	d, err := detectDialect(ctx, c.pool)
+	d, err := citus.Detect(ctx, c.pool)
 	if err != nil {
 		return c.Dialect(), err
 	}
 	c.setDialect(ctx, d)
-	return d.kind(), nil
+	return dialectKind(d), nil
 }
 
 // setDialect makes c speak d from now on; on Citus it starts routing (its
 // first shard map read with ctx).
-func (c *Client) setDialect(ctx context.Context, d dialect) {
-	if d.oneRowBatches() {
+func (c *Client) setDialect(ctx context.Context, d engine.Dialect) {
+	if d.OneRowBatches() {
 		// One row per batch: let as many run at once as the pool allows,
 		// as checks of their own would.
-		c.co.atLeast(int(c.pool.Config().MaxConns) / 2)
+		c.co.AtLeast(int(c.pool.Config().MaxConns) / 2)
 	}
-	if d.kind() == Citus && c.routing && c.route.Load() == nil {
-		r := newRouter(c.pool, c.slots)
-		r.reload(ctx)
+	if d.Name() == "citus" && c.routing && c.route.Load() == nil {
+		r := citus.NewRouter(c.pool, c.slots)
+		r.Reload(ctx)
 		c.route.Store(r)
 	}
 	c.dia.Store(&d)
 }
 
 // dialect returns c's dialect, asking the database the first time (a
-// default client); a failed detection is the check's error, and the next
+// client of New); a failed detection is the check's error, and the next
 // check asks again.
-func (c *Client) dialect(ctx context.Context) (dialect, error) {
+func (c *Client) dialect(ctx context.Context) (engine.Dialect, error) {
 	if d := c.dia.Load(); d != nil {
 		return *d, nil
 	}
@@ -181,7 +196,7 @@ func (c *Client) dialect(ctx context.Context) (dialect, error) {
 	if d := c.dia.Load(); d != nil {
 		return *d, nil
 	}
-	d, err := detectDialect(ctx, c.pool)
+	d, err := citus.Detect(ctx, c.pool)
 	if err != nil {
 		return nil, err
 	}
@@ -199,9 +214,14 @@ func (c *Client) Close(ctx context.Context) error {
 	idle := make(chan struct{})
 	go func() {
 		<-c.gate.drained
-		c.co.goroutines.Wait()
+		c.co.Wait()
+		c.nodesMu.Lock()
+		for _, co := range c.nodes {
+			co.Wait()
+		}
+		c.nodesMu.Unlock()
 		if r := c.route.Load(); r != nil {
-			r.close()
+			r.Close()
 		}
 		close(idle)
 	}()
@@ -246,67 +266,57 @@ func (g *gate) close() {
 	}
 }
 
-// The default client of each pool (see New); an entry goes when its pool is
-// garbage collected. This is the only package-level state.
-var defaultClients struct {
-	sync.Mutex
-	m map[weak.Pointer[pgxpool.Pool]]*Client
-}
-
-// defaultClient returns pool's default client, making it if needed.
-func defaultClient(pool *pgxpool.Pool) *Client {
-	wp := weak.Make(pool)
-	defaultClients.Lock()
-	defer defaultClients.Unlock()
-	if defaultClients.m == nil {
-		defaultClients.m = make(map[weak.Pointer[pgxpool.Pool]]*Client)
-	}
-	c := defaultClients.m[wp]
-	if c == nil {
-		c = newClient(pool, defaultCoalesceConns)
-		defaultClients.m[wp] = c
-		runtime.AddCleanup(pool, func(wp weak.Pointer[pgxpool.Pool]) {
-			defaultClients.Lock()
-			delete(defaultClients.m, wp)
-			defaultClients.Unlock()
-		}, wp)
-	}
-	return c
-}
-
-// run decides q, whose first charge is first's, in one transaction of c's:
-// through the coalescer when coalesce, else alone. op names the call in
-// errors.
-func (c *Client) run(q *request, first *Limiter, coalesce bool, op string) (MultiResult, error) {
+// run decides q with the settings set (its dialect aside) in one
+// transaction of c's: through a coalescer when coalesce, else alone; on
+// Citus on the node that holds its rows, when one does. seen is told the
+// size of a coalesced batch; what names the call in errors.
+func (c *Client) run(q *engine.Request, set engine.Settings, seen func(context.Context, int), coalesce bool, what string) error {
 	if !c.gate.enter() {
-		return MultiResult{}, ErrClosed
+		return ErrClosed
 	}
 	defer c.gate.leave()
-	d, err := c.dialect(q.ctx)
+	d, err := c.dialect(q.Ctx)
 	if err != nil {
-		return MultiResult{}, err
+		return err
 	}
 	if r := c.route.Load(); r != nil {
-		if n, rt := r.nodeOf(q); n != nil {
-			out, err := runOn(n.pool, n.co, q, first.settings(onShards{rt}), first.metrics, coalesce, op)
-			if !unreachable(err) && !moved(err) {
-				return out, err
+		if n, nd := r.Route(q); n != nil {
+			set.Dialect = nd
+			err := c.runOn(n.Pool, c.nodeCoalescer(n), q, set, seen, coalesce, what)
+			if !citus.Retry(err) {
+				return err
 			}
 			// The node is down or gone, or a shard moved: the coordinator
 			// knows where the shards are now.
-			q.err = nil
-			r.refresh()
+			q.Err, q.Outcomes = nil, nil
+			r.Refresh()
 		}
 	}
-	return runOn(c.pool, c.co, q, first.settings(d), first.metrics, coalesce, op)
+	set.Dialect = d
+	return c.runOn(c.pool, c.co, q, set, seen, coalesce, what)
 }
 
 // runOn decides q on pool: through co when coalesce, else alone.
-func runOn(pool *pgxpool.Pool, co *coalescer, q *request, set settings, in *instruments, coalesce bool, op string) (MultiResult, error) {
+func (c *Client) runOn(pool *pgxpool.Pool, co *coalesce.Coalescer, q *engine.Request, set engine.Settings, seen func(context.Context, int), coalesce bool, what string) error {
 	if coalesce {
-		return co.do(q, set, in)
+		return co.Do(q, set, seen)
 	}
-	return runAlone(pool, q, set, op)
+	return engine.RunAlone(pool, q, set, what)
+}
+
+// nodeCoalescer is the coalescer of the checks routed to n.
+func (c *Client) nodeCoalescer(n *citus.Node) *coalesce.Coalescer {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	co := c.nodes[n]
+	if co == nil {
+		co = coalesce.New(n.Pool, n.Slots)
+		if c.nodes == nil {
+			c.nodes = make(map[*citus.Node]*coalesce.Coalescer)
+		}
+		c.nodes[n] = co
+	}
+	return co
 }
 
 // addDenyCache registers the deny cache of a limiter of prefix.

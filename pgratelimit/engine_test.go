@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/citus"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
@@ -43,12 +45,12 @@ func TestBatchEqualsOneByOne(t *testing.T) {
 		return ls
 	}
 	batched, single := limiters(), limiters()
-	mkRequest := func(ls []*Limiter, spec [][3]int) *request {
+	mkRequest := func(ls []*Limiter, spec [][3]int) call {
 		var cs []Charge
 		for _, s := range spec {
 			cs = append(cs, Charge{Limiter: ls[s[0]], Key: fmt.Sprintf("k%d", s[1]), Cost: int64(s[2])})
 		}
-		q, _, err := newRequest(ctx, cs)
+		q, _, err := newCall(ctx, cs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,20 +67,22 @@ func TestBatchEqualsOneByOne(t *testing.T) {
 			}
 			specs = append(specs, spec)
 		}
-		var reqs []*request
+		var calls []call
+		var reqs []*engine.Request
 		for _, spec := range specs {
-			reqs = append(reqs, mkRequest(batched, spec))
+			cl := mkRequest(batched, spec)
+			calls, reqs = append(calls, cl), append(reqs, cl.q)
 		}
-		if _, err := runOwn(ctx, batched[0].client.pool, planOf(t, batched[0], reqs, waitLocks)); err != nil {
+		if _, err := engine.RunOwn(ctx, batched[0].client.pool, planOf(t, batched[0], reqs, engine.WaitLocks)); err != nil {
 			t.Fatal(err)
 		}
 		for i, spec := range specs {
 			want := mkRequest(single, spec)
-			if _, err := runOwn(ctx, single[0].client.pool, planOf(t, single[0], []*request{want}, waitLocks)); err != nil {
+			if _, err := engine.RunOwn(ctx, single[0].client.pool, planOf(t, single[0], []*engine.Request{want.q}, engine.WaitLocks)); err != nil {
 				t.Fatal(err)
 			}
-			if reqs[i].err != nil || !reflect.DeepEqual(reqs[i].out, want.out) {
-				t.Fatalf("round %d request %d %v: together %+v (%v), one by one %+v", round, i, spec, reqs[i].out, reqs[i].err, want.out)
+			if reqs[i].Err != nil || !reflect.DeepEqual(calls[i].result(), want.result()) {
+				t.Fatalf("round %d request %d %v: together %+v (%v), one by one %+v", round, i, spec, calls[i].result(), reqs[i].Err, want.result())
 			}
 		}
 	}
@@ -106,21 +110,21 @@ func TestCancelledMemberSpendsNothing(t *testing.T) {
 	}
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
-	mk := func(ctx context.Context, key string, cost int64) *request {
-		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: cost}})
+	mk := func(ctx context.Context, key string, cost int64) *engine.Request {
+		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: cost}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return q
+		return cl.q
 	}
-	reqs := []*request{mk(ctx, "k", 1), mk(dead, "k", 50), mk(dead, "new", 1), mk(ctx, "k", 2)}
-	if _, err := runOwn(ctx, pool, planOf(t, l, reqs, skipLocked)); err != nil {
+	reqs := []*engine.Request{mk(ctx, "k", 1), mk(dead, "k", 50), mk(dead, "new", 1), mk(ctx, "k", 2)}
+	if _, err := engine.RunOwn(ctx, pool, planOf(t, l, reqs, engine.SkipLocked)); err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(reqs[1].err, context.Canceled) || !errors.Is(reqs[2].err, context.Canceled) || reqs[0].err != nil || reqs[3].err != nil {
-		t.Fatalf("errors: %v %v %v %v", reqs[0].err, reqs[1].err, reqs[2].err, reqs[3].err)
+	if !errors.Is(reqs[1].Err, context.Canceled) || !errors.Is(reqs[2].Err, context.Canceled) || reqs[0].Err != nil || reqs[3].Err != nil {
+		t.Fatalf("errors: %v %v %v %v", reqs[0].Err, reqs[1].Err, reqs[2].Err, reqs[3].Err)
 	}
-	if got := reqs[3].out.Results[0].Remaining; got != 97 {
+	if got := reqs[3].Outcomes[0].Remaining; got != 97 {
 		t.Fatalf("remaining %d, want 97", got)
 	}
 	// The skipped check of a new key leaves at most a placeholder, which
@@ -129,46 +133,6 @@ func TestCancelledMemberSpendsNothing(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT coalesce(bool_and(expires_at < now() OR refilled_at = timestamptz '0001-01-01 00:00:00+00'), true) FROM pgratelimit_buckets WHERE key = 'new'`).Scan(&expired); err != nil || !expired {
 		t.Fatalf("a skipped check left a live row: %v %v", expired, err)
 	}
-}
-
-// A caller whose context ends while queued returns at once, spending
-// nothing, and leaves the queue.
-func TestQueuedCallerLeaves(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	l, err := New(testdb.Pool(t), Config{Prefix: "c", Capacity: 100, Refill: 1, Interval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	co := l.client.co
-	co.mu.Lock()
-	co.busy = co.slots // hold every slot so checks queue
-	co.mu.Unlock()
-	cctx, cancel := context.WithCancel(ctx)
-	ret := make(chan error)
-	go func() {
-		_, err := l.AllowN(cctx, "k", 5)
-		ret <- err
-	}()
-	for {
-		co.mu.Lock()
-		n := len(co.queue)
-		co.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	if err := <-ret; !errors.Is(err, context.Canceled) {
-		t.Fatalf("queued check returned %v", err)
-	}
-	co.mu.Lock()
-	defer co.mu.Unlock()
-	if len(co.queue) != 0 {
-		t.Fatal("cancelled check left in the queue")
-	}
-	co.busy = 0
 }
 
 // The cost of the metrics with no MeterProvider installed (the global no-op
@@ -199,9 +163,9 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	set := (&attempt{plan: &plan{shape: arrays{}}, mode: skipLocked}).settingPairs()
-	for _, s := range (postgres{}).set(set) {
-		if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+	set := engine.BatchSettings()
+	for _, s := range (engine.Postgres{}).Set(set) {
+		if _, err := tx.Exec(ctx, s.SQL, s.Args...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -254,7 +218,7 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 // link is a transaction of a chain in a test, and the context it runs in.
 type link struct {
 	ctx context.Context
-	p   *plan
+	p   *engine.Plan
 }
 
 // testChain is a chain of given links that records each one's outcome.
@@ -262,12 +226,12 @@ type testChain struct {
 	t        *testing.T
 	links    []link
 	i        int
-	order    []*plan
-	deferred [][]*request
+	order    []*engine.Plan
+	deferred [][]*engine.Request
 	errs     []error
 }
 
-func (c *testChain) next(after *plan, _ []*request) (*plan, context.Context) {
+func (c *testChain) Next(after *engine.Plan, _ []*engine.Request) (*engine.Plan, context.Context) {
 	if after != c.links[c.i].p {
 		c.t.Fatalf("next called after plan %p, want link %d", after, c.i)
 	}
@@ -278,7 +242,7 @@ func (c *testChain) next(after *plan, _ []*request) (*plan, context.Context) {
 	return c.links[c.i].p, c.links[c.i].ctx
 }
 
-func (c *testChain) done(p *plan, d []*request, err error) {
+func (c *testChain) Done(p *engine.Plan, d []*engine.Request, err error) {
 	c.order = append(c.order, p)
 	c.deferred = append(c.deferred, d)
 	c.errs = append(c.errs, err)
@@ -286,31 +250,33 @@ func (c *testChain) done(p *plan, d []*request, err error) {
 
 // chainOf runs links as one chain and returns, for each link in the order
 // done was called, its deferred requests and error.
-func chainOf(t *testing.T, pool *pgxpool.Pool, links []link) (order []*plan, deferred [][]*request, errs []error) {
+func chainOf(t *testing.T, pool *pgxpool.Pool, links []link) (order []*engine.Plan, deferred [][]*engine.Request, errs []error) {
 	t.Helper()
 	c := &testChain{t: t, links: links}
-	runChain(links[0].ctx, pool, links[0].p, c)
+	engine.RunChain(links[0].ctx, pool, links[0].p, c)
 	return c.order, c.deferred, c.errs
 }
 
 // planOf plans reqs as l's own transaction in mode.
-func planOf(t *testing.T, l *Limiter, reqs []*request, mode lockMode) *plan {
+func planOf(t *testing.T, l *Limiter, reqs []*engine.Request, mode engine.LockMode) *engine.Plan {
 	t.Helper()
 	d, err := l.client.dialect(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newPlan(reqs, l.settings(d), true, mode)
+	set := l.settings()
+	set.Dialect = d
+	return engine.NewPlan(reqs, set, true, mode)
 }
 
 // onCitus says whether pool's bucket tables are distributed.
 func onCitus(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()
-	d, err := detectDialect(context.Background(), pool)
+	d, err := citus.Detect(context.Background(), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.kind() == Citus
+	return d.Name() == "citus"
 }
 
 // Transactions chained on one connection, each sharing rows with the one
@@ -328,26 +294,29 @@ func TestChainEqualsOneByOne(t *testing.T) {
 		return l
 	}
 	chained, single := limiter(), limiter()
-	mk := func(l *Limiter, key string) *request {
-		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: 2}})
+	mk := func(l *Limiter, key string) call {
+		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: 2}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return q
+		return cl
 	}
 	rng := rand.New(rand.NewPCG(5, 6))
 	var keys [][]string
 	var links []link
+	var calls [][]call
 	for range 8 {
 		var ks []string
-		var reqs []*request
+		var cls []call
+		var reqs []*engine.Request
 		for range 1 + rng.IntN(8) {
 			k := fmt.Sprintf("k%d", rng.IntN(3))
 			ks = append(ks, k)
-			reqs = append(reqs, mk(chained, k))
+			cl := mk(chained, k)
+			cls, reqs = append(cls, cl), append(reqs, cl.q)
 		}
-		keys = append(keys, ks)
-		links = append(links, link{ctx, planOf(t, chained, reqs, skipLocked)})
+		keys, calls = append(keys, ks), append(calls, cls)
+		links = append(links, link{ctx, planOf(t, chained, reqs, engine.SkipLocked)})
 	}
 	order, deferred, errs := chainOf(t, chained.client.pool, links)
 	if len(order) != len(links) {
@@ -357,13 +326,13 @@ func TestChainEqualsOneByOne(t *testing.T) {
 		if order[i] != ln.p || errs[i] != nil || len(deferred[i]) != 0 {
 			t.Fatalf("link %d: done in order %v, err %v, deferred %d", i, order[i] == ln.p, errs[i], len(deferred[i]))
 		}
-		for j, q := range ln.p.reqs {
+		for j, cl := range calls[i] {
 			want := mk(single, keys[i][j])
-			if _, err := runOwn(ctx, single.client.pool, planOf(t, single, []*request{want}, skipLocked)); err != nil {
+			if _, err := engine.RunOwn(ctx, single.client.pool, planOf(t, single, []*engine.Request{want.q}, engine.SkipLocked)); err != nil {
 				t.Fatal(err)
 			}
-			if q.err != nil || !reflect.DeepEqual(q.out, want.out) {
-				t.Fatalf("link %d request %d (%s): chained %+v (%v), one by one %+v", i, j, keys[i][j], q.out, q.err, want.out)
+			if cl.q.Err != nil || !reflect.DeepEqual(cl.result(), want.result()) {
+				t.Fatalf("link %d request %d (%s): chained %+v (%v), one by one %+v", i, j, keys[i][j], cl.result(), cl.q.Err, want.result())
 			}
 		}
 	}
@@ -391,21 +360,21 @@ func TestChainAfterAFailedTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mk := func(key string) *request {
-		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: 3}})
+	mk := func(key string) *engine.Request {
+		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: 3}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return q
+		return cl.q
 	}
 	first, second := mk("boom"), mk("k")
-	links := []link{{ctx, planOf(t, l, []*request{first}, skipLocked)}, {ctx, planOf(t, l, []*request{second}, skipLocked)}}
+	links := []link{{ctx, planOf(t, l, []*engine.Request{first}, engine.SkipLocked)}, {ctx, planOf(t, l, []*engine.Request{second}, engine.SkipLocked)}}
 	_, _, errs := chainOf(t, pool, links)
 	if len(errs) != 2 || errs[0] == nil || errs[1] != nil {
 		t.Fatalf("errors %v, want the first link's only", errs)
 	}
-	if !second.out.Allowed || second.out.Results[0].Remaining != 7 {
-		t.Fatalf("second link: %+v", second.out)
+	if !second.Allowed || second.Outcomes[0].Remaining != 7 {
+		t.Fatalf("second link: %+v", second.Outcomes)
 	}
 	for key, want := range map[string]int64{"boom": 10, "k": 7} {
 		if r, err := l.Peek(ctx, key); err != nil || r.Remaining != want {
@@ -434,26 +403,26 @@ func TestChainWhenTheNextCannotBegin(t *testing.T) {
 	if _, err := l.AllowNTx(ctx, tx, "held", 1); err != nil { // a new row, not committed
 		t.Fatal(err)
 	}
-	mk := func(key string) *request {
-		q, _, err := newRequest(ctx, []Charge{{Limiter: l, Key: key, Cost: 1}})
+	mk := func(key string) *engine.Request {
+		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return q
+		return cl.q
 	}
 	if _, err := l.Allow(ctx, "b"); err != nil { // a row that exists
 		t.Fatal(err)
 	}
 	first, held, other := mk("a"), mk("held"), mk("b")
-	links := []link{{ctx, planOf(t, l, []*request{first}, skipLocked)}, {ctx, planOf(t, l, []*request{held, other}, skipLocked)}}
+	links := []link{{ctx, planOf(t, l, []*engine.Request{first}, engine.SkipLocked)}, {ctx, planOf(t, l, []*engine.Request{held, other}, engine.SkipLocked)}}
 	_, deferred, errs := chainOf(t, pool, links)
 	if len(errs) != 2 || errs[0] != nil || errs[1] != nil {
 		t.Fatalf("errors %v", errs)
 	}
-	if !first.out.Allowed || len(deferred[0]) != 0 {
-		t.Fatalf("first link: %+v, deferred %d", first.out, len(deferred[0]))
+	if !first.Allowed || len(deferred[0]) != 0 {
+		t.Fatalf("first link: %+v, deferred %d", first.Outcomes, len(deferred[0]))
 	}
-	if len(deferred[1]) != 1 || deferred[1][0] != held || !other.out.Allowed || other.out.Results[0].Remaining != 8 {
-		t.Fatalf("second link: deferred %v, other %+v", deferred[1], other.out)
+	if len(deferred[1]) != 1 || deferred[1][0] != held || !other.Allowed || other.Outcomes[0].Remaining != 8 {
+		t.Fatalf("second link: deferred %v, other %+v", deferred[1], other.Outcomes)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"github.com/jackc/pgerrcode"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // Errors returned by this package. Test for them with errors.Is. Being denied
@@ -31,12 +31,12 @@ var (
 	// ErrLockTimeout is returned when a check waited longer than
 	// Config.LockTimeout for its bucket's row lock. Nothing was spent: the
 	// check can be retried.
-	ErrLockTimeout = errors.New("pgratelimit: timed out waiting for the bucket's row lock (Config.LockTimeout)")
+	ErrLockTimeout = engine.ErrLockTimeout
 
 	// ErrNotMigrated is returned when the bucket tables do not exist in the
 	// database the pool connects to. Apply the migrations (package migrations,
 	// or the CLI's "migrate up") first.
-	ErrNotMigrated = errors.New("pgratelimit: tables not found; run the migrations (migrations.Up or 'pgratelimit migrate up')")
+	ErrNotMigrated = engine.ErrNotMigrated
 )
 
 // MaxKeyLen is the longest key, and MaxPrefixLen the longest Config.Prefix, in
@@ -84,28 +84,4 @@ func (l *Limiter) validateCost(cost int64) error {
 		return fmt.Errorf("%w: cost %d, capacity %d", ErrCostExceedsCapacity, cost, l.p.Capacity)
 	}
 	return nil
-}
-
-// dbError maps a database error: a missing table becomes ErrNotMigrated and
-// a lock timeout ErrLockTimeout (both still wrapping the original), whatever
-// the driver; everything else is wrapped with what was being done.
-func dbError(op string, err error) error {
-	switch sqlState(err) {
-	case pgerrcode.UndefinedTable:
-		return fmt.Errorf("%w: %s: %w", ErrNotMigrated, op, err)
-	case pgerrcode.LockNotAvailable:
-		return fmt.Errorf("%w: %s: %w", ErrLockTimeout, op, err)
-	}
-	return fmt.Errorf("pgratelimit: %s: %w", op, err)
-}
-
-// sqlState is the SQLSTATE of a database error, or "": pgx's
-// *pgconn.PgError, lib/pq's *pq.Error and other database/sql drivers'
-// errors all have a SQLState method.
-func sqlState(err error) string {
-	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) {
-		return coded.SQLState()
-	}
-	return ""
 }

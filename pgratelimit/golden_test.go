@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgratelimit/pgratelimit/internal/citus"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
@@ -40,11 +42,11 @@ func TestGoldenSQL(t *testing.T) {
 	dump("ephemeral", *Ephemeral.statements())
 	dump("routed shard", sqlgen.Buckets(`"public"."pgratelimit_buckets_102008"`,
 		`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = 102008 AND groupid = 2)`))
-	for _, s := range (citus{}).set([]string{"lock_timeout", "20ms", "synchronous_commit", "off"}) {
-		fmt.Fprintf(&b, "== citus.set\n%s\n", s.sql)
+	for _, s := range (citus.Coordinator{}).Set([]string{"lock_timeout", "20ms", "synchronous_commit", "off"}) {
+		fmt.Fprintf(&b, "== citus.set\n%s\n", s.SQL)
 	}
 	fmt.Fprintf(&b, "== grants.lockOne\n%s\n== grants.lockOneSkip\n%s\n", sqlgen.Grants.LockOne, sqlgen.Grants.LockOneSkip)
-	fmt.Fprintf(&b, "== readClock\n%s\n", (&attempt{}).readClock().sql)
+	fmt.Fprintf(&b, "== readClock\n%s\n", (&engine.Attempt{}).ReadClock().SQL)
 	for n := 1; n <= 6; n++ {
 		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, sqlgen.SetConfig(n))
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgx/v5"
@@ -65,18 +66,18 @@ func (l *Limiter) Grant(ctx context.Context, key string, amount int64, expiresAt
 	if err != nil {
 		return Grant{}, err
 	}
-	if _, err := l.client.run(q, l, false, "grant to "+quoteKey(key)); err != nil {
+	if err := l.client.run(q, l.settings(), nil, false, "grant to "+quoteKey(key)); err != nil {
 		return Grant{}, err
 	}
-	return q.grant, nil
+	return grantOf(q.Grant), nil
 }
 
 // GrantTx is Grant inside the caller's transaction tx: the grant exists
 // only if tx commits, so a purchase and its credits commit together.
 func (l *Limiter) GrantTx(ctx context.Context, tx pgx.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	var ex executor
+	var ex engine.Executor
 	if tx != nil {
-		ex = pgxExecutor{tx}
+		ex = engine.PgxExecutor{Q: tx}
 	}
 	return l.grantIn(ctx, ex, key, amount, expiresAt)
 }
@@ -84,26 +85,26 @@ func (l *Limiter) GrantTx(ctx context.Context, tx pgx.Tx, key string, amount int
 // GrantSQLTx is GrantTx for a database/sql transaction, with any PostgreSQL
 // driver.
 func (l *Limiter) GrantSQLTx(ctx context.Context, tx *sql.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	var ex executor
+	var ex engine.Executor
 	if tx != nil {
-		ex = sqlExecutor{tx}
+		ex = engine.SQLExecutor{Tx: tx}
 	}
 	return l.grantIn(ctx, ex, key, amount, expiresAt)
 }
 
-func (l *Limiter) grantIn(ctx context.Context, ex executor, key string, amount int64, expiresAt time.Time) (Grant, error) {
+func (l *Limiter) grantIn(ctx context.Context, ex engine.Executor, key string, amount int64, expiresAt time.Time) (Grant, error) {
 	q, err := l.grantRequest(ctx, key, amount, expiresAt)
 	if err != nil {
 		return Grant{}, err
 	}
-	if err := l.runIn(ctx, ex, q, "grant to "+quoteKey(key)+" in transaction"); err != nil {
+	if err := l.runIn(ctx, ex, q, l.settings(), "grant to "+quoteKey(key)+" in transaction"); err != nil {
 		return Grant{}, err
 	}
-	return q.grant, nil
+	return grantOf(q.Grant), nil
 }
 
 // grantRequest is the request of a grant, checked.
-func (l *Limiter) grantRequest(ctx context.Context, key string, amount int64, expiresAt time.Time) (*request, error) {
+func (l *Limiter) grantRequest(ctx context.Context, key string, amount int64, expiresAt time.Time) (*engine.Request, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
@@ -120,7 +121,7 @@ func (l *Limiter) grantRequest(ctx context.Context, key string, amount int64, ex
 	if err != nil {
 		return nil, err
 	}
-	q.expires = expiresAt.Truncate(time.Microsecond)
+	q.Expires = expiresAt.Truncate(time.Microsecond)
 	return q, nil
 }
 
@@ -140,7 +141,7 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 		now time.Time
 	)
 	b := &pgx.Batch{}
-	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.param()).QueryRow(func(r pgx.Row) error {
+	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.Param()).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&now)
 	})
 	b.Queue(sqlgen.Grants.List, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
@@ -149,7 +150,7 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 		return err
 	})
 	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, dbError("list the grants of "+quoteKey(key), err)
+		return nil, engine.DBError("list the grants of "+quoteKey(key), err)
 	}
 	slices.SortFunc(gs, account.CompareGrants)
 	var out []Grant

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -42,12 +43,11 @@ func (l *Limiter) Settle(ctx context.Context, key, requestID string, actual int6
 	if err != nil {
 		return Result{}, err
 	}
-	q.actual = actual
-	m, err := l.client.run(q, l, false, "settle "+quoteKey(key))
-	if err != nil {
+	q.Actual = actual
+	if err := l.client.run(q, l.settings(), nil, false, "settle "+quoteKey(key)); err != nil {
 		return Result{}, err
 	}
-	return m.Results[0], nil
+	return resultOf(q.Outcomes[0]), nil
 }
 
 // Debit takes n from key whatever it holds: from the bucket's tokens first,
@@ -111,19 +111,19 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 	what := "read the ledger of " + quoteKey(key)
 	rows, err := l.client.pool.Query(ctx, sqlgen.Ledger.List, l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano))
 	if err != nil {
-		return nil, dbError(what, err)
+		return nil, engine.DBError(what, err)
 	}
 	defer rows.Close()
 	var es []LedgerEntry
 	for rows.Next() {
 		var e LedgerEntry
 		if err := rows.Scan(&e.ID, &e.At, &e.Amount, &e.Kind, &e.RequestID, &e.Balance, &e.GrantsAmount, &e.Granted); err != nil {
-			return nil, dbError(what, err)
+			return nil, engine.DBError(what, err)
 		}
 		es = append(es, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, dbError(what, err)
+		return nil, engine.DBError(what, err)
 	}
 	return es, nil
 }

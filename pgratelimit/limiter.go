@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgx/v5"
@@ -49,12 +50,7 @@ const (
 	LedgerTable    = sqlgen.LedgerTable
 )
 
-func (s Storage) statements() *sqlgen.Statements {
-	if s == Ephemeral {
-		return &sqlgen.Ephemeral
-	}
-	return &sqlgen.Durable
-}
+func (s Storage) statements() *sqlgen.Statements { return engine.Storage(s).Statements() }
 
 // Config is a Limiter's policy: a token bucket of Capacity tokens per key that
 // gains Refill tokens every Interval. The zero value is not valid: Prefix,
@@ -291,14 +287,16 @@ type Limiter struct {
 	client  *Client
 	cfg     Config
 	p       account.Policy
-	clock   *clock     // nil: the database's
-	deny    *denyCache // nil: off (Config.DenyCacheSize)
+	clock   *engine.Clock // nil: the database's
+	deny    *denyCache    // nil: off (Config.DenyCacheSize)
 	log     *slog.Logger
 	metrics *instruments
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
-// pool, whose checks go through the pool's default client (see Client). It
+// pool: NewLimiter on a Client of the limiter's own, with
+// Config.CoalesceConns as its ClientConfig.CoalesceConns, which learns the
+// database's dialect at the first check and is never closed (see Client). It
 // validates cfg (ErrInvalidConfig names the bad field) and does not touch
 // the database: a missing schema shows up as ErrNotMigrated on the first
 // check.
@@ -309,11 +307,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := defaultClient(pool)
-	if !cfg.DisableCoalescing {
-		c.co.atLeast(max(min(orDefault(cfg.CoalesceConns, defaultCoalesceConns), int(pool.Config().MaxConns)), 1))
-	}
-	return newLimiter(c, cfg)
+	return newLimiter(newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns)), cfg)
 }
 
 func newLimiter(c *Client, cfg Config) (*Limiter, error) {
@@ -332,7 +326,7 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 	}
 	if cfg.Clock != nil {
-		l.clock = &clock{now: cfg.Clock}
+		l.clock = &engine.Clock{Now: cfg.Clock}
 	}
 	if cfg.DenyCacheSize > 0 {
 		l.deny = newDenyCache(cfg.DenyCacheSize)
@@ -379,7 +373,7 @@ func (l *Limiter) WithAnchor(anchor time.Time) *Limiter {
 // time.Now.
 func (l *Limiter) localNow() time.Time {
 	if l.clock != nil {
-		return l.clock.now()
+		return l.clock.Now()
 	}
 	return time.Now()
 }
@@ -388,9 +382,10 @@ func (l *Limiter) localNow() time.Time {
 func (l *Limiter) Config() Config { return l.cfg }
 
 // settings are what a transaction that decides this limiter's checks
-// together with others' must share with them, in dialect d.
-func (l *Limiter) settings(d dialect) settings {
-	return settings{dialect: d, clock: l.clock, lockTimeout: l.cfg.LockTimeout, async: l.cfg.AsyncCommit}
+// together with others' must share with them (the client adds the
+// dialect).
+func (l *Limiter) settings() engine.Settings {
+	return engine.Settings{Clock: l.clock, LockTimeout: l.cfg.LockTimeout, Async: l.cfg.AsyncCommit}
 }
 
 // Allow is AllowN with cost 1.
@@ -466,7 +461,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		now        time.Time
 	)
 	b := &pgx.Batch{}
-	b.Queue(l.cfg.Storage.statements().Peek, l.cfg.Prefix, key, l.clock.param()).QueryRow(func(r pgx.Row) error {
+	b.Queue(l.cfg.Storage.statements().Peek, l.cfg.Prefix, key, l.clock.Param()).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&tokens, &refilledAt, &expiresAt, &capacity, &now)
 	})
 	if l.cfg.Grants {
@@ -477,7 +472,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		})
 	}
 	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
-		return Result{}, dbError("peek "+quoteKey(key), err)
+		return Result{}, engine.DBError("peek "+quoteKey(key), err)
 	}
 	if tokens != nil {
 		st.Bucket = account.Bucket{Tokens: *tokens, RefilledAt: *refilledAt, ExpiresAt: *expiresAt}
@@ -499,17 +494,17 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 	return err
 }
 
-func (l *Limiter) row(key string) row {
-	return row{storage: l.cfg.Storage, prefix: l.cfg.Prefix, key: key}
+func (l *Limiter) row(key string) engine.Row {
+	return engine.Row{Storage: engine.Storage(l.cfg.Storage), Prefix: l.cfg.Prefix, Key: key}
 }
 
 // charge is a charge of cost to key's bucket, with l's policy and settings.
-func (l *Limiter) charge(key string, cost int64) charge {
+func (l *Limiter) charge(key string, cost int64) engine.Charge {
 	retention := l.cfg.RequestIDRetention
 	if retention == 0 {
 		retention = DefaultRequestIDRetention
 	}
-	return charge{row: l.row(key), policy: l.p, cost: cost, grants: l.cfg.Grants, ledger: l.cfg.Ledger, retention: retention}
+	return engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention}
 }
 
 // change runs a request of kind on key (not a check: never coalesced), with
@@ -519,27 +514,27 @@ func (l *Limiter) change(ctx context.Context, kind account.Kind, key string, n i
 	if err != nil {
 		return Result{}, err
 	}
-	m, err := l.client.run(q, l, false, what)
-	if err != nil {
+	if err := l.client.run(q, l.settings(), l.metrics.batchSize, false, what); err != nil {
 		return Result{}, err
 	}
-	return m.Results[0], nil
+	return resultOf(q.Outcomes[0]), nil
 }
 
 // changeRequest is the request of a change: kind on key for n.
-func (l *Limiter) changeRequest(ctx context.Context, kind account.Kind, key string, n int64) (*request, error) {
+func (l *Limiter) changeRequest(ctx context.Context, kind account.Kind, key string, n int64) (*engine.Request, error) {
 	id, err := requestID(ctx)
 	if err != nil {
 		return nil, err
 	}
 	l.client.forgetDenied(l.cfg.Prefix, key)
-	return &request{ctx: ctx, kind: kind, id: id, charges: []charge{l.charge(key, n)}}, nil
+	return &engine.Request{Ctx: ctx, Kind: kind, ID: id, Charges: []engine.Charge{l.charge(key, n)}}, nil
 }
 
 // quoteKey shortens and quotes a key for error messages.
-func quoteKey(key string) string {
-	if len(key) > 64 {
-		key = key[:64] + "..."
-	}
-	return fmt.Sprintf("key %q", key)
+func quoteKey(key string) string { return engine.QuoteKey(key) }
+
+// resultOf is the Result of an outcome of the account model.
+func resultOf(o account.Outcome) Result {
+	return Result{Allowed: o.Allowed, Limit: o.Limit, Remaining: o.Remaining, RetryAfter: o.RetryAfter,
+		ResetAfter: o.ResetAfter, Granted: o.Granted}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // Charge is one bucket that AllowAll takes from: Cost tokens of Limiter's
@@ -43,23 +44,29 @@ type MultiResult struct {
 // charges' rows, locked in one global order (table, prefix, key), so no two
 // calls can deadlock whatever order their charges are listed in. Charges of
 // the same bucket (same Storage, Prefix and key) add up; durable and
-// ephemeral limiters can be charged together. The clock, LockTimeout and
-// AsyncCommit of the first charge's Limiter apply to the transaction. It is
-// coalesced with other checks of the pool unless a charged Limiter has
-// DisableCoalescing.
+// ephemeral limiters can be charged together. The transaction takes the
+// settings of all its limiters: the smallest LockTimeout any of them sets,
+// AsyncCommit only if every one has it, and the database's clock unless a
+// limiter has a Config.Clock (a test's: the first charge's that has one).
+// It is coalesced with other checks of the first charge's Client unless a
+// charged Limiter has DisableCoalescing.
 //
-// Every Limiter must use the same pool (and Client); otherwise, and for a nil Limiter or
+// Every Limiter must use the same pool; otherwise, and for a nil Limiter or
 // no charges, the error wraps ErrInvalidConfig. A bad key, a cost below 1, or
 // a cost (summed per bucket) above that bucket's Capacity is ErrInvalidKey,
 // ErrInvalidCost or ErrCostExceedsCapacity, before any database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 	start := time.Now()
-	q, first, err := newRequest(ctx, charges)
+	cl, first, err := newCall(ctx, charges)
 	if err != nil {
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	m, err := first.client.run(q, first, coalesces(charges), "check")
+	var m MultiResult
+	err = first.client.run(cl.q, settingsOf(charges), first.metrics.batchSize, coalesces(charges), "check")
+	if err == nil {
+		m = cl.result()
+	}
 	record(ctx, start, m, err, charges)
 	return m, err
 }
@@ -74,54 +81,109 @@ func coalesces(charges []Charge) bool {
 	return true
 }
 
-// newRequest validates charges, before any database access, and merges the
+// settingsOf are the settings of a transaction of charges: the smallest
+// LockTimeout set, asynchronous commit only if every limiter has it, the
+// first clock set.
+func settingsOf(charges []Charge) engine.Settings {
+	set := charges[0].Limiter.settings()
+	for _, c := range charges[1:] {
+		o := c.Limiter.settings()
+		if o.LockTimeout > 0 && (set.LockTimeout == 0 || o.LockTimeout < set.LockTimeout) {
+			set.LockTimeout = o.LockTimeout
+		}
+		set.Async = set.Async && o.Async
+		if set.Clock == nil {
+			set.Clock = o.Clock
+		}
+	}
+	return set
+}
+
+// call is a request of a call, and which of its charges each Charge given
+// was (charges of one bucket are merged).
+type call struct {
+	q  *engine.Request
+	of []int // Charge i of the call is q.Charges[of[i]]; nil: one Charge
+}
+
+// result is the outcome of a decided call, one Result per Charge given.
+func (cl call) result() MultiResult {
+	q := cl.q
+	results := make([]Result, len(q.Outcomes))
+	var retry time.Duration
+	for i, o := range q.Outcomes {
+		results[i] = resultOf(o)
+		retry = max(retry, results[i].RetryAfter)
+	}
+	m := MultiResult{Allowed: q.Allowed, Results: results}
+	if !q.Allowed {
+		m.RetryAfter = retry
+	}
+	if cl.of != nil {
+		m.Results = make([]Result, len(cl.of))
+		for i, j := range cl.of {
+			m.Results[i] = results[j]
+		}
+	}
+	return m
+}
+
+// newCall validates charges, before any database access, and merges the
 // charges of each bucket.
-func newRequest(ctx context.Context, charges []Charge) (*request, *Limiter, error) {
+func newCall(ctx context.Context, charges []Charge) (call, *Limiter, error) {
 	if len(charges) == 0 {
-		return nil, nil, fmt.Errorf("%w: AllowAll needs at least one charge", ErrInvalidConfig)
+		return call{}, nil, fmt.Errorf("%w: AllowAll needs at least one charge", ErrInvalidConfig)
 	}
 	first := charges[0].Limiter
 	id, err := requestID(ctx)
 	if err != nil {
-		return nil, nil, err
+		return call{}, nil, err
 	}
-	q := &request{ctx: ctx, kind: account.OpCharge, id: id, charges: make([]charge, 0, len(charges))}
+	cl := call{q: &engine.Request{Ctx: ctx, Kind: account.OpCharge, ID: id, Charges: make([]engine.Charge, 0, len(charges))}}
 	if len(charges) > 1 {
-		q.of = make([]int, len(charges))
+		cl.of = make([]int, len(charges))
 	}
 	for i, c := range charges {
-		l := c.Limiter
-		switch {
-		case l == nil:
-			return nil, nil, fmt.Errorf("%w: charge %d has a nil Limiter", ErrInvalidConfig, i)
-		case l.client != first.client:
-			return nil, nil, fmt.Errorf("%w: charge %d's Limiter uses another pool (or Client) than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
-		}
-		if err := validateKey(c.Key); err != nil {
-			return nil, nil, err
-		}
-		if err := l.validateCost(c.Cost); err != nil {
-			return nil, nil, err
-		}
-		r := l.row(c.Key)
-		j := 0
-		for j < len(q.charges) && q.charges[j].row != r {
-			j++
-		}
-		if j == len(q.charges) {
-			q.charges = append(q.charges, l.charge(c.Key, 0))
-		}
-		if q.charges[j].cost > math.MaxInt64-c.Cost {
-			// Past int64, so past every capacity.
-			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to more than %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, int64(math.MaxInt64), l.p.Capacity)
-		}
-		q.charges[j].cost += c.Cost
-		if q.of != nil {
-			q.of[i] = j
-		}
-		if q.charges[j].cost > l.p.Capacity && !q.charges[j].grants {
-			return nil, nil, fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.charges[j].cost, l.p.Capacity)
+		if err := cl.add(i, c, first); err != nil {
+			return call{}, nil, err
 		}
 	}
-	return q, first, nil
+	return cl, first, nil
+}
+
+// add adds charge i, c, to cl, checked.
+func (cl *call) add(i int, c Charge, first *Limiter) error {
+	l := c.Limiter
+	switch {
+	case l == nil:
+		return fmt.Errorf("%w: charge %d has a nil Limiter", ErrInvalidConfig, i)
+	case l.client.pool != first.client.pool:
+		return fmt.Errorf("%w: charge %d's Limiter uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
+	}
+	if err := validateKey(c.Key); err != nil {
+		return err
+	}
+	if err := l.validateCost(c.Cost); err != nil {
+		return err
+	}
+	q, r := cl.q, l.row(c.Key)
+	j := 0
+	for j < len(q.Charges) && q.Charges[j].Row != r {
+		j++
+	}
+	if j == len(q.Charges) {
+		q.Charges = append(q.Charges, l.charge(c.Key, 0))
+	}
+	if q.Charges[j].Cost > math.MaxInt64-c.Cost {
+		// Past int64, so past every capacity.
+		return fmt.Errorf("%w: the costs of %s of prefix %q add up to more than %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, int64(math.MaxInt64), l.p.Capacity)
+	}
+	q.Charges[j].Cost += c.Cost
+	if cl.of != nil {
+		cl.of[i] = j
+	}
+	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Grants {
+		return fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
+	}
+	return nil
 }

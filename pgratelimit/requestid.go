@@ -2,12 +2,12 @@ package pgratelimit
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgx/v5"
@@ -84,185 +84,6 @@ func checkRequestID(id string) (string, error) {
 	return id, nil
 }
 
-// recordWrite is a request record to write: new, or just settled.
-type recordWrite struct {
-	row row
-	id  string
-	rec account.Record
-}
-
-// recordDetail is what a request row keeps in its detail column, JSON: the
-// parts of the record that have no column of their own.
-type recordDetail struct {
-	Limit      int64          `json:"l"`
-	ResetAfter time.Duration  `json:"r"`
-	Known      bool           `json:"k,omitempty"`
-	Bucket     int64          `json:"b,omitempty"`
-	Grants     []detailGrant  `json:"g,omitempty"`
-	Settlement *detailOutcome `json:"s,omitempty"`
-	Grant      *detailGrant   `json:"n,omitempty"`
-}
-
-type detailGrant struct {
-	ID        int64      `json:"i"`
-	Amount    int64      `json:"a"`
-	ExpiresAt *time.Time `json:"e,omitempty"`
-	GrantedAt *time.Time `json:"t,omitempty"`
-	Ledger    bool       `json:"l,omitempty"`
-}
-
-type detailOutcome struct {
-	Limit      int64         `json:"l"`
-	Remaining  int64         `json:"m"`
-	Granted    int64         `json:"g"`
-	ResetAfter time.Duration `json:"r"`
-}
-
-func toDetailGrant(g account.Grant) detailGrant {
-	d := detailGrant{ID: g.ID, Amount: g.Amount, Ledger: g.Ledger}
-	if !g.ExpiresAt.IsZero() {
-		e := g.ExpiresAt.UTC()
-		d.ExpiresAt = &e
-	}
-	if !g.GrantedAt.IsZero() {
-		t := g.GrantedAt.UTC()
-		d.GrantedAt = &t
-	}
-	return d
-}
-
-func (d detailGrant) grant() account.Grant {
-	g := account.Grant{ID: d.ID, Amount: d.Amount, Ledger: d.Ledger}
-	if d.ExpiresAt != nil {
-		g.ExpiresAt = *d.ExpiresAt
-	}
-	if d.GrantedAt != nil {
-		g.GrantedAt = *d.GrantedAt
-	}
-	return g
-}
-
-// values are the columns of w's row in the requests table.
-func (w recordWrite) values() []any {
-	r := w.rec
-	d := recordDetail{Limit: r.Outcome.Limit, ResetAfter: r.Outcome.ResetAfter, Known: r.Spent.Known, Bucket: r.Spent.Bucket}
-	for _, g := range r.Spent.Grants {
-		d.Grants = append(d.Grants, toDetailGrant(g))
-	}
-	settled := int64(-1)
-	if r.Settled {
-		settled = r.Actual
-		s := r.Settlement
-		d.Settlement = &detailOutcome{Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter}
-	}
-	if r.Kind == account.OpGrant {
-		g := toDetailGrant(r.Grant)
-		d.Grant = &g
-	}
-	detail, _ := json.Marshal(d) // of plain numbers, times and slices: cannot fail
-	return []any{w.row.prefix, w.row.key, w.id, r.Kind.String(), r.Amount, r.Outcome.Remaining, r.Outcome.Granted,
-		settled, string(detail), r.CreatedAt, r.ExpiresAt}
-}
-
-// scanRecord reads a request row (after its prefix, key and ID) into a
-// record; a row of an older release (no detail) says nothing of where its
-// charge came from, and its Limit is limit.
-func scanRecord(rs rowScanner, dest []any, limit int64) (account.Record, error) {
-	var (
-		kind          string
-		cost, rem, gr int64
-		settled       *int64
-		detail        *string
-		created, exp  time.Time
-	)
-	if err := rs.Scan(append(dest, &kind, &cost, &rem, &gr, &settled, &detail, &created, &exp)...); err != nil {
-		return account.Record{}, err
-	}
-	r := account.Record{Kind: account.ParseKind(kind), Amount: cost, CreatedAt: created, ExpiresAt: exp,
-		Outcome: account.Outcome{Allowed: true, Limit: limit, Remaining: rem, Granted: gr}}
-	var d recordDetail
-	if detail != nil {
-		if err := json.Unmarshal([]byte(*detail), &d); err != nil {
-			return r, fmt.Errorf("pgratelimit: request row %q: %w", *detail, err)
-		}
-		r.Outcome.Limit, r.Outcome.ResetAfter = d.Limit, d.ResetAfter
-		r.Spent = account.Spent{Known: d.Known, Bucket: d.Bucket}
-		for _, g := range d.Grants {
-			r.Spent.Grants = append(r.Spent.Grants, g.grant())
-		}
-		if d.Grant != nil {
-			r.Grant = d.Grant.grant()
-		}
-	}
-	if settled != nil {
-		r.Settled, r.Actual = true, *settled
-		if s := d.Settlement; s != nil {
-			r.Settlement = account.Outcome{Allowed: true, Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter}
-		}
-	}
-	return r, nil
-}
-
-// scanIDs reads request rows of storage s into a's accounts.
-func (a *attempt) scanIDs(s Storage) func(rowScanner) error {
-	return func(rs rowScanner) error {
-		for rs.Next() {
-			r, id := row{storage: s}, ""
-			rec, err := scanRecord(rs, []any{&r.prefix, &r.key, &id}, 0)
-			if err != nil {
-				return err
-			}
-			st := a.state[r]
-			if st == nil {
-				continue // a row this attempt does not hold
-			}
-			if rec.Outcome.Limit == 0 {
-				rec.Outcome.Limit = a.capacityOf(r)
-			}
-			if st.Records == nil {
-				st.Records = make(map[string]account.Record, 1)
-			}
-			st.Records[id] = rec
-		}
-		return rs.Err()
-	}
-}
-
-// capacityOf is the Capacity of the first charge of r among a's requests.
-func (a *attempt) capacityOf(r row) int64 {
-	for _, q := range a.reqs {
-		for _, c := range q.charges {
-			if c.row == r {
-				return c.policy.Capacity
-			}
-		}
-	}
-	return 0
-}
-
-// readIDs returns the statements that read the request rows of a's requests
-// with IDs, per table.
-func (a *attempt) readIDs() []stmt {
-	var stmts []stmt
-	for s := range byStorage(a.rows) {
-		var vals [][]any
-		for _, q := range a.reqs {
-			if q.id == "" {
-				continue
-			}
-			for _, c := range q.charges {
-				if c.row.storage == s {
-					vals = append(vals, []any{c.row.prefix, c.row.key, q.id})
-				}
-			}
-		}
-		if len(vals) > 0 {
-			stmts = append(stmts, a.shape.values(sqlgen.Requests.Read, vals, a.scanIDs(s))...)
-		}
-	}
-	return stmts
-}
-
 // RequestRecord is what the database remembers of a request ID on a key
 // (WithRequestID): the operation it named and the outcome it got.
 type RequestRecord struct {
@@ -309,14 +130,14 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 		now   time.Time
 	)
 	b := &pgx.Batch{}
-	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.param()).QueryRow(func(r pgx.Row) error {
+	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.Param()).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&now)
 	})
 	b.Queue(sqlgen.Requests.Get, l.cfg.Prefix, key, requestID).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var prefix, k, id string
 			var err error
-			if rec, err = scanRecord(rows, []any{&prefix, &k, &id}, l.p.Capacity); err != nil {
+			if rec, err = engine.ScanRecord(rows, []any{&prefix, &k, &id}, l.p.Capacity); err != nil {
 				return err
 			}
 			found = true
@@ -325,7 +146,7 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 	})
 	what := "look up request " + strconv.Quote(requestID) + " of " + quoteKey(key)
 	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
-		return RequestRecord{}, dbError(what, err)
+		return RequestRecord{}, engine.DBError(what, err)
 	}
 	if !found || !rec.Live(now) {
 		return RequestRecord{}, fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, requestID, quoteKey(key), l.cfg.Prefix)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // AllowNTx is AllowN inside the caller's transaction tx: the tokens are spent
@@ -21,9 +22,9 @@ import (
 // transaction as for any other. On an error the transaction is in a failed
 // state: roll it back.
 func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int64) (Result, error) {
-	var ex executor
+	var ex engine.Executor
 	if tx != nil {
-		ex = pgxExecutor{tx}
+		ex = engine.PgxExecutor{Q: tx}
 	}
 	return l.allowInTx(ctx, ex, key, cost)
 }
@@ -34,14 +35,14 @@ func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int6
 // *sql.Tx as db.Begin().Statement.ConnPool.(*sql.Tx), bun as bun.Tx.Tx, and
 // sqlc code takes the *sql.Tx you begin yourself.
 func (l *Limiter) AllowNSQLTx(ctx context.Context, tx *sql.Tx, key string, cost int64) (Result, error) {
-	var ex executor
+	var ex engine.Executor
 	if tx != nil {
-		ex = sqlExecutor{tx}
+		ex = engine.SQLExecutor{Tx: tx}
 	}
 	return l.allowInTx(ctx, ex, key, cost)
 }
 
-func (l *Limiter) allowInTx(ctx context.Context, ex executor, key string, cost int64) (Result, error) {
+func (l *Limiter) allowInTx(ctx context.Context, ex engine.Executor, key string, cost int64) (Result, error) {
 	m, err := allowAllIn(ctx, ex, "check "+quoteKey(key)+" in transaction", Charge{Limiter: l, Key: key, Cost: cost})
 	if err != nil {
 		return Result{}, err
@@ -52,9 +53,9 @@ func (l *Limiter) allowInTx(ctx context.Context, ex executor, key string, cost i
 // AllowAllTx is AllowAll inside the caller's transaction tx: every charge is
 // spent only if tx commits. The rows stay locked until tx ends; see AllowNTx.
 func AllowAllTx(ctx context.Context, tx pgx.Tx, charges ...Charge) (MultiResult, error) {
-	var ex executor
+	var ex engine.Executor
 	if tx != nil {
-		ex = pgxExecutor{tx}
+		ex = engine.PgxExecutor{Q: tx}
 	}
 	return allowAllIn(ctx, ex, "AllowAll in transaction", charges...)
 }
@@ -62,33 +63,34 @@ func AllowAllTx(ctx context.Context, tx pgx.Tx, charges ...Charge) (MultiResult,
 // AllowAllSQLTx is AllowAllTx for a database/sql transaction (see
 // AllowNSQLTx).
 func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiResult, error) {
-	var ex executor
+	var ex engine.Executor
 	if tx != nil {
-		ex = sqlExecutor{tx}
+		ex = engine.SQLExecutor{Tx: tx}
 	}
 	return allowAllIn(ctx, ex, "AllowAll in transaction", charges...)
 }
 
 // allowAllIn runs the charges in the caller's transaction.
-func allowAllIn(ctx context.Context, ex executor, what string, charges ...Charge) (MultiResult, error) {
+func allowAllIn(ctx context.Context, ex engine.Executor, what string, charges ...Charge) (MultiResult, error) {
 	start := time.Now()
-	q, first, err := newRequest(ctx, charges)
+	cl, first, err := newCall(ctx, charges)
 	if err != nil {
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
-	err = first.runIn(ctx, ex, q, what)
-	record(ctx, start, q.out, err, charges)
-	if err != nil {
-		return MultiResult{}, err
+	var m MultiResult
+	err = first.runIn(ctx, ex, cl.q, settingsOf(charges), what)
+	if err == nil {
+		m = cl.result()
 	}
-	return q.out, nil
+	record(ctx, start, m, err, charges)
+	return m, err
 }
 
-// runIn runs q, whose first charge is l's, in the caller's transaction on
-// ex: its isolation, its lock_timeout, one row per statement whatever the
+// runIn runs q in the caller's transaction on ex with the settings set:
+// its isolation, its lock_timeout, one row per statement whatever the
 // dialect. what names it in errors.
-func (l *Limiter) runIn(ctx context.Context, ex executor, q *request, what string) error {
+func (l *Limiter) runIn(ctx context.Context, ex engine.Executor, q *engine.Request, set engine.Settings, what string) error {
 	if ex == nil {
 		return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
 	}
@@ -96,26 +98,12 @@ func (l *Limiter) runIn(ctx context.Context, ex executor, q *request, what strin
 		return ErrClosed
 	}
 	defer l.client.gate.leave()
-	var d dialect = postgres{} // one row per statement, as Citus takes them too
+	set.Dialect = engine.Postgres{} // one row per statement, as Citus takes them too
 	if known := l.client.dia.Load(); known != nil {
-		d = *known
+		set.Dialect = *known
 	}
-	if err := runIn(ctx, ex, newPlan([]*request{q}, l.settings(d), false, waitLocks)); err != nil {
-		return dbError(what, err)
+	if err := engine.RunIn(ctx, ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
+		return engine.DBError(what, err)
 	}
-	if q.err != nil {
-		return q.err
-	}
-	return ctxErrIfUndecided(q)
-}
-
-// ctxErrIfUndecided is the error of a request the engine skipped because its
-// context had ended.
-func ctxErrIfUndecided(q *request) error {
-	if q.out.Results == nil {
-		if err := q.ctx.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return q.Result()
 }

@@ -393,3 +393,14 @@ FROM unnest($1::text::text[], $2::text::text[], $3::text::timestamptz[], $4::tex
 WHERE prefix = $1 AND key = $2 AND at >= $3::text::timestamptz ORDER BY at, id`
 	return req, led
 }()
+
+// LockShards takes the metadata locks of the Citus shards $1 (an array of
+// shard IDs), ShareLock: what Citus's executor takes before it writes to a
+// shard, and what a shard move waits for.
+const LockShards = `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`
+
+// Placed is an expression that counts the placements of Citus shard shard
+// on the node group group: 1 while that node holds it, 0 once it moved.
+func Placed(shard int64, group int32) string {
+	return fmt.Sprintf(`(SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = %d AND groupid = %d)`, shard, group)
+}

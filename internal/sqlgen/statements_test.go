@@ -34,4 +34,3 @@ func TestIntervalInput(t *testing.T) {
 		}
 	}
 }
-

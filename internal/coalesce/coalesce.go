@@ -1,4 +1,7 @@
-package pgratelimit
+// Package coalesce decides the checks that arrive through one pool while its
+// transactions are busy together, in shared transactions of the engine's
+// one shape, with exactly the results they would get one by one.
+package coalesce
 
 import (
 	"context"
@@ -7,11 +10,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // Coalescing: checks that arrive through the limiters of one Client while its
 // transactions are busy wait in a queue and are then decided together, in
-// arrival order, in one engine transaction (see engine.go). A check that finds
+// arrival order, in one engine transaction. A check that finds
 // a free slot and nobody queued runs at once, alone. There is no timer and no
 // goroutine while the pool is idle.
 //
@@ -25,15 +29,14 @@ import (
 // one coalescer never hold the same row: a check whose row is in a batch in
 // flight waits for the next.
 //
-// Under load a slot chains its batches (see runChain): once a batch is
+// Under load a slot chains its batches (see engine.RunChain): once a batch is
 // decided, if it deferred no check and a batch as big waits in the queue,
 // that one follows on the same connection, its first statements in the same
 // round trip as the previous batch's last ones. It may share rows with that
 // batch, which commits first.
 
 const (
-	defaultCoalesceConns = 2
-	maxBatch             = 256
+	maxBatch = 256
 	// queueFactor bounds the queue at this many full batches per slot;
 	// beyond it checks run alone, waiting for their rows' locks, as they
 	// would without coalescing.
@@ -42,10 +45,10 @@ const (
 
 // pending is a check in the coalescer, until it is decided (done).
 type pending struct {
-	req  *request
-	set  settings     // the first charge's limiter's
-	in   *instruments // records the size of its batch
-	rows []row
+	req  *engine.Request
+	set  engine.Settings            // the first charge's limiter's
+	seen func(context.Context, int) // told the size of its batch; may be nil
+	rows []engine.Row
 	done chan struct{}
 }
 
@@ -53,13 +56,15 @@ type pending struct {
 // its rows (deps) are done.
 type lane struct {
 	reqs    []*pending
-	rows    []row
+	rows    []engine.Row
 	deps    []*lane
-	started bool // guarded by coalescer.mu; no more checks join it
+	started bool // guarded by Coalescer.mu; no more checks join it
 	done    chan struct{}
 }
 
-type coalescer struct {
+// Coalescer decides the requests given to Do together, in shared
+// transactions on its pool. It is safe for concurrent use.
+type Coalescer struct {
 	pool *pgxpool.Pool
 	// goroutines counts the batch and lane goroutines, for Client.Close.
 	goroutines sync.WaitGroup
@@ -68,42 +73,46 @@ type coalescer struct {
 	slots    int // batches in flight at most
 	busy     int // batches in flight
 	queue    []*pending
-	inflight map[row]int   // rows of the batches in flight
-	parked   map[row]*lane // each row's last lane
-	lanes    chan struct{} // lane transactions in flight, at most cap(lanes)
+	inflight map[engine.Row]int   // rows of the batches in flight
+	parked   map[engine.Row]*lane // each row's last lane
+	lanes    chan struct{}        // lane transactions in flight, at most cap(lanes)
 }
 
-// newCoalescer returns a coalescer that runs up to slots batches at once on
-// pool.
-func newCoalescer(pool *pgxpool.Pool, slots int) *coalescer {
-	return &coalescer{
+// New returns a Coalescer that runs up to slots batches at once on pool.
+func New(pool *pgxpool.Pool, slots int) *Coalescer {
+	return &Coalescer{
 		pool:     pool,
 		slots:    slots,
-		inflight: make(map[row]int),
-		parked:   make(map[row]*lane),
+		inflight: make(map[engine.Row]int),
+		parked:   make(map[engine.Row]*lane),
 		// Lanes wait for row locks on connections of their own: leave the
 		// batches theirs.
 		lanes: make(chan struct{}, max(int(pool.Config().MaxConns)-slots, 1)),
 	}
 }
 
-// atLeast makes c run at least slots batches at once.
-func (c *coalescer) atLeast(slots int) {
+// AtLeast makes c run at least slots batches at once.
+func (c *Coalescer) AtLeast(slots int) {
 	c.mu.Lock()
 	c.slots = max(c.slots, slots)
 	c.mu.Unlock()
 }
 
-// do runs q through the coalescer and returns its outcome, or ctx's error as
-// soon as q's context ends.
-func (c *coalescer) do(q *request, set settings, in *instruments) (MultiResult, error) {
-	p := &pending{req: q, set: set, in: in, rows: q.rows(), done: make(chan struct{})}
+// Wait waits for c's batch and lane goroutines: none runs once it returns,
+// unless a Do starts one.
+func (c *Coalescer) Wait() { c.goroutines.Wait() }
+
+// Do decides q through c, with requests of equal settings set, and returns
+// q's error (its outcome is in q), or its context's as soon as it ends.
+// seen, if not nil, is told the size of the batch q went in.
+func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context.Context, int)) error {
+	p := &pending{req: q, set: set, seen: seen, rows: q.Rows(), done: make(chan struct{})}
 	c.mu.Lock()
 	switch {
 	case len(c.queue) > 0:
 		if len(c.queue) >= c.slots*maxBatch*queueFactor {
 			c.mu.Unlock()
-			return runAlone(c.pool, q, set, "check")
+			return engine.RunAlone(c.pool, q, set, "check")
 		}
 		c.queue = append(c.queue, p)
 		// The queue may hold only checks whose rows are in a batch in
@@ -130,11 +139,11 @@ func (c *coalescer) do(q *request, set settings, in *instruments) (MultiResult, 
 	}
 	select {
 	case <-p.done:
-		if q.err != nil && q.ctx.Err() != nil {
-			return MultiResult{}, q.ctx.Err() // the caller's own deadline, not the batch's
+		if q.Err != nil && q.Ctx.Err() != nil {
+			return q.Ctx.Err() // the caller's own deadline, not the batch's
 		}
-		return q.out, q.err
-	case <-q.ctx.Done():
+		return q.Err
+	case <-q.Ctx.Done():
 		c.mu.Lock()
 		c.queue = slices.DeleteFunc(c.queue, func(o *pending) bool { return o == p })
 		c.mu.Unlock()
@@ -142,31 +151,19 @@ func (c *coalescer) do(q *request, set settings, in *instruments) (MultiResult, 
 		// checks whose context ended before it decided, so at worst tokens
 		// are spent without being reported, never reported without being
 		// spent.
-		return MultiResult{}, q.ctx.Err()
+		return q.Ctx.Err()
 	}
 }
 
-// runAlone runs q in a transaction of its own that waits for its rows; op
-// names it in errors.
-func runAlone(pool *pgxpool.Pool, q *request, set settings, op string) (MultiResult, error) {
-	if _, err := runOwn(q.ctx, pool, newPlan([]*request{q}, set, true, waitLocks)); err != nil {
-		return MultiResult{}, dbError(op, err)
-	}
-	if q.err != nil {
-		return MultiResult{}, q.err
-	}
-	return q.out, ctxErrIfUndecided(q)
+func (c *Coalescer) anyParked(rows []engine.Row) bool {
+	return slices.ContainsFunc(rows, func(r engine.Row) bool { return c.parked[r] != nil })
 }
 
-func (c *coalescer) anyParked(rows []row) bool {
-	return slices.ContainsFunc(rows, func(r row) bool { return c.parked[r] != nil })
+func (c *Coalescer) anyInflight(rows []engine.Row) bool {
+	return slices.ContainsFunc(rows, func(r engine.Row) bool { return c.inflight[r] > 0 })
 }
 
-func (c *coalescer) anyInflight(rows []row) bool {
-	return slices.ContainsFunc(rows, func(r row) bool { return c.inflight[r] > 0 })
-}
-
-func (c *coalescer) markInflight(rows []row, d int) {
+func (c *Coalescer) markInflight(rows []engine.Row, d int) {
 	for _, r := range rows {
 		if c.inflight[r] += d; c.inflight[r] == 0 {
 			delete(c.inflight, r)
@@ -175,7 +172,7 @@ func (c *coalescer) markInflight(rows []row, d int) {
 }
 
 // workAll runs each of batches on a goroutine of its own.
-func (c *coalescer) workAll(batches [][]*pending) {
+func (c *Coalescer) workAll(batches [][]*pending) {
 	for _, b := range batches {
 		c.goroutines.Go(func() { c.work(b) })
 	}
@@ -184,7 +181,7 @@ func (c *coalescer) workAll(batches [][]*pending) {
 // work runs batch, then the batches that follow it while there are any; it
 // starts goroutines only for batches beyond the first (a goroutine that runs
 // batch after batch keeps the stack the engine needs).
-func (c *coalescer) work(batch []*pending) {
+func (c *Coalescer) work(batch []*pending) {
 	for batch != nil {
 		next := c.runBatch(batch, true)
 		batch = nil
@@ -197,13 +194,13 @@ func (c *coalescer) work(batch []*pending) {
 
 // runBatch decides batch in one transaction that skips locked rows, delivers
 // the decided checks' outcomes and parks the others. With chain, checks that
-// queued meanwhile follow on its connection (see runChain), batch after
+// queued meanwhile follow on its connection (see engine.RunChain), batch after
 // batch, while each finds a full batch waiting. It returns the batches that
 // may start once it is done.
-func (c *coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
-	bc := &batchChain{c: c, chain: chain, runs: make(map[*plan]running, 2)}
+func (c *Coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
+	bc := &batchChain{c: c, chain: chain, runs: make(map[*engine.Plan]running, 2)}
 	first, ctx := bc.start(batch)
-	runChain(ctx, c.pool, first, bc)
+	engine.RunChain(ctx, c.pool, first, bc)
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -211,12 +208,12 @@ func (c *coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
 	return c.formBatchesLocked()
 }
 
-// batchChain is the chain of one slot's batches (see runChain): it forms
+// batchChain is the chain of one slot's batches (see engine.RunChain): it forms
 // the next batch from the queue and delivers each one's outcomes.
 type batchChain struct {
-	c     *coalescer
+	c     *Coalescer
 	chain bool // let batches follow the first
-	runs  map[*plan]running
+	runs  map[*engine.Plan]running
 }
 
 // running is a batch in a chain, with the context it runs in.
@@ -227,9 +224,9 @@ type running struct {
 }
 
 // start plans batch as a transaction that skips locked rows.
-func (bc *batchChain) start(batch []*pending) (*plan, context.Context) {
+func (bc *batchChain) start(batch []*pending) (*engine.Plan, context.Context) {
 	ctx, cancel := batchContext(batch)
-	p := newPlan(requests(batch), batch[0].set, true, skipLocked)
+	p := engine.NewPlan(requests(batch), batch[0].set, true, engine.SkipLocked)
 	bc.runs[p] = running{batch, ctx, cancel}
 	return p, ctx
 }
@@ -239,7 +236,7 @@ func (bc *batchChain) start(batch []*pending) (*plan, context.Context) {
 // of their rows must queue behind them), and none unless a batch as big as
 // after waits (else the checks queued so far are better off in a bigger
 // batch later).
-func (bc *batchChain) next(after *plan, deferred []*request) (*plan, context.Context) {
+func (bc *batchChain) Next(after *engine.Plan, deferred []*engine.Request) (*engine.Plan, context.Context) {
 	if !bc.chain || len(deferred) > 0 {
 		return nil, nil
 	}
@@ -256,17 +253,19 @@ func (bc *batchChain) next(after *plan, deferred []*request) (*plan, context.Con
 	return bc.start(b)
 }
 
-func (bc *batchChain) done(p *plan, deferred []*request, err error) {
+func (bc *batchChain) Done(p *engine.Plan, deferred []*engine.Request, err error) {
 	r := bc.runs[p]
 	delete(bc.runs, p)
-	r.batch[0].in.batchSize(r.ctx, len(r.batch))
+	if seen := r.batch[0].seen; seen != nil {
+		seen(r.ctx, len(r.batch))
+	}
 	r.cancel()
 	bc.c.finish(r.batch, deferred, err)
 }
 
 // finish delivers the outcomes of batch's checks, parks the deferred ones,
 // and releases its rows.
-func (c *coalescer) finish(batch []*pending, deferred []*request, err error) {
+func (c *Coalescer) finish(batch []*pending, deferred []*engine.Request, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, p := range batch {
@@ -276,14 +275,14 @@ func (c *coalescer) finish(batch []*pending, deferred []*request, err error) {
 			c.parkLocked(p)
 			continue
 		case err != nil:
-			p.req.err = dbError("coalesced check", err)
+			p.req.Err = engine.DBError("coalesced check", err)
 		}
 		close(p.done)
 	}
 }
 
 // formBatchesLocked takes batches off the queue while slots are free.
-func (c *coalescer) formBatchesLocked() [][]*pending {
+func (c *Coalescer) formBatchesLocked() [][]*pending {
 	var out [][]*pending
 	for c.busy < c.slots && len(c.queue) > 0 {
 		b := c.formLocked(nil)
@@ -300,10 +299,10 @@ func (c *coalescer) formBatchesLocked() [][]*pending {
 // group, none sharing a row with a batch in flight (but after, the batch it
 // follows on one connection, see runChain) or with a check left queued
 // before it. Checks of parked rows join their lanes.
-func (c *coalescer) formLocked(after []*pending) []*pending {
+func (c *Coalescer) formLocked(after []*pending) []*pending {
 	var batch, keep []*pending
-	held := make(map[row]bool)
-	mine := make(map[row]bool) // rows this batch's checks may share
+	held := make(map[engine.Row]bool)
+	mine := make(map[engine.Row]bool) // rows this batch's checks may share
 	for _, p := range after {
 		for _, r := range p.rows {
 			mine[r] = true
@@ -315,12 +314,12 @@ func (c *coalescer) formLocked(after []*pending) []*pending {
 			break
 		}
 		switch {
-		case slices.ContainsFunc(p.rows, func(r row) bool { return held[r] }):
+		case slices.ContainsFunc(p.rows, func(r engine.Row) bool { return held[r] }):
 		case c.anyParked(p.rows):
 			c.parkLocked(p)
 			continue
-		case !slices.ContainsFunc(p.rows, func(r row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
-			(len(batch) == 0 || p.set == batch[0].set && (!p.set.dialect.oneRowBatches() || slices.Equal(p.rows, batch[0].rows))):
+		case !slices.ContainsFunc(p.rows, func(r engine.Row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
+			(len(batch) == 0 || p.set == batch[0].set && (!p.set.Dialect.OneRowBatches() || slices.Equal(p.rows, batch[0].rows))):
 			batch = append(batch, p)
 			for _, r := range p.rows {
 				mine[r] = true
@@ -343,7 +342,7 @@ func (c *coalescer) formLocked(after []*pending) []*pending {
 // parkLocked puts p in a lane behind the lanes of its rows: it joins the
 // last one if that has not started and is for p's one row, else a new lane
 // starts.
-func (c *coalescer) parkLocked(p *pending) {
+func (c *Coalescer) parkLocked(p *pending) {
 	var deps []*lane
 	for _, r := range p.rows {
 		if ln := c.parked[r]; ln != nil && !slices.Contains(deps, ln) {
@@ -363,7 +362,7 @@ func (c *coalescer) parkLocked(p *pending) {
 
 // runLane waits for the lanes before ln, then runs its checks in one
 // transaction that waits for their rows' locks.
-func (c *coalescer) runLane(ln *lane) {
+func (c *Coalescer) runLane(ln *lane) {
 	for _, d := range ln.deps {
 		<-d.done
 	}
@@ -374,8 +373,10 @@ func (c *coalescer) runLane(ln *lane) {
 	c.mu.Unlock()
 
 	ctx, cancel := batchContext(batch)
-	_, err := runOwn(ctx, c.pool, newPlan(requests(batch), batch[0].set, true, waitLocks))
-	batch[0].in.batchSize(ctx, len(batch))
+	_, err := engine.RunOwn(ctx, c.pool, engine.NewPlan(requests(batch), batch[0].set, true, engine.WaitLocks))
+	if seen := batch[0].seen; seen != nil {
+		seen(ctx, len(batch))
+	}
 	cancel()
 	<-c.lanes
 
@@ -388,7 +389,7 @@ func (c *coalescer) runLane(ln *lane) {
 	c.mu.Unlock()
 	for _, p := range batch {
 		if err != nil {
-			p.req.err = dbError("check", err)
+			p.req.Err = engine.DBError("check", err)
 		}
 		close(p.done)
 	}
@@ -396,8 +397,8 @@ func (c *coalescer) runLane(ln *lane) {
 }
 
 // requests returns the requests of batch's checks.
-func requests(batch []*pending) []*request {
-	reqs := make([]*request, len(batch))
+func requests(batch []*pending) []*engine.Request {
+	reqs := make([]*engine.Request, len(batch))
 	for i, p := range batch {
 		reqs[i] = p.req
 	}
@@ -412,13 +413,13 @@ func requests(batch []*pending) []*request {
 func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, p := range batch {
-		dl, ok := p.req.ctx.Deadline()
+		dl, ok := p.req.Ctx.Deadline()
 		if !ok {
 			ctxs := make([]context.Context, len(batch))
 			for i, p := range batch {
-				ctxs[i] = p.req.ctx
+				ctxs[i] = p.req.Ctx
 			}
-			return followAll(ctxs...)
+			return engine.FollowAll(ctxs...)
 		}
 		if dl.After(latest) {
 			latest = dl

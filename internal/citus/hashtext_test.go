@@ -1,4 +1,4 @@
-package pgratelimit
+package citus
 
 import (
 	"context"

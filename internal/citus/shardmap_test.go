@@ -1,4 +1,4 @@
-package pgratelimit
+package citus
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
@@ -115,8 +116,8 @@ func TestShardMapCitus(t *testing.T) {
 			t.Errorf("loadShardMap(%s): %v, want errNotHashDistributed", table, err)
 		}
 	}
-	if _, err := loadShardMap(ctx, pool, "missing"); !errors.Is(err, ErrNotMigrated) {
-		t.Errorf("loadShardMap(missing): %v, want ErrNotMigrated", err)
+	if _, err := loadShardMap(ctx, pool, "missing"); !errors.Is(err, engine.ErrNotMigrated) {
+		t.Errorf("loadShardMap(missing): %v, want engine.ErrNotMigrated", err)
 	}
 
 	// Moved to another node (as the rebalancer does), a shard is found there

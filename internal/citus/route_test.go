@@ -1,4 +1,4 @@
-package pgratelimit
+package citus
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,7 +47,7 @@ func TestNodePoolConfig(t *testing.T) {
 // A request is routed when all its rows are bucket rows of one node's
 // shards; not with grants, the ledger or a request ID, across nodes, or for
 // a table with no map.
-func TestNodeOf(t *testing.T) {
+func TestRoute(t *testing.T) {
 	whole := func(node string) *shardMap {
 		return &shardMap{shards: []shardRange{{min: math.MinInt32, max: math.MaxInt32, id: 1, node: node, single: true}}}
 	}
@@ -64,19 +65,22 @@ func TestNodeOf(t *testing.T) {
 			onB = k
 		}
 	}
-	a, b := &node{}, &node{}
-	r := &router{}
-	rt := &routes{tables: [2]*shardMap{Durable: split}, stmts: map[int64]*sqlgen.Statements{10: {}, 11: {}},
-		nodes: map[string]*node{"a:1": a, "b:1": b}, loadedAt: time.Now()}
+	a, b := &Node{}, &Node{}
+	r := &Router{}
+	rt := &routes{tables: [2]*shardMap{engine.Durable: split}, stmts: map[int64]*sqlgen.Statements{10: {}, 11: {}},
+		nodes: map[string]*Node{"a:1": a, "b:1": b}, loadedAt: time.Now()}
 	r.routes.Store(rt)
-	q := func(kind account.Kind, id string, cs ...charge) *request {
-		return &request{kind: kind, id: id, charges: cs}
+	q := func(kind account.Kind, id string, cs ...engine.Charge) *engine.Request {
+		return &engine.Request{Kind: kind, ID: id, Charges: cs}
 	}
-	c := func(s Storage, key string) charge { return charge{row: row{storage: s, prefix: "p", key: key}} }
+	c := func(s engine.Storage, key string) engine.Charge {
+		return engine.Charge{Row: engine.Row{Storage: s, Prefix: "p", Key: key}}
+	}
+	const Durable, Ephemeral = engine.Durable, engine.Ephemeral
 	for _, tc := range []struct {
 		name string
-		q    *request
-		want *node
+		q    *engine.Request
+		want *Node
 	}{
 		{"one key", q(account.OpCharge, "", c(Durable, onA)), a},
 		{"the other node", q(account.OpCharge, "", c(Durable, onB)), b},
@@ -85,10 +89,10 @@ func TestNodeOf(t *testing.T) {
 		{"no map of the table", q(account.OpCharge, "", c(Ephemeral, onA)), nil},
 		{"a request ID", q(account.OpCharge, "r1", c(Durable, onA)), nil},
 		{"a refund", q(account.OpRefund, "", c(Durable, onA)), nil},
-		{"grants", q(account.OpCharge, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, grants: true}), nil},
-		{"the ledger", q(account.OpCharge, "", charge{row: row{storage: Durable, prefix: "p", key: onA}, ledger: true}), nil},
+		{"grants", q(account.OpCharge, "", engine.Charge{Row: engine.Row{Storage: Durable, Prefix: "p", Key: onA}, Grants: true}), nil},
+		{"the ledger", q(account.OpCharge, "", engine.Charge{Row: engine.Row{Storage: Durable, Prefix: "p", Key: onA}, Ledger: true}), nil},
 	} {
-		got, _ := r.nodeOf(tc.q)
+		got, _ := r.Route(tc.q)
 		if tc.name == "two keys, one node" {
 			// onB+"x" may hash either way: routed exactly when both are on b.
 			if hashText(onB+"x") >= 0 {
@@ -101,10 +105,10 @@ func TestNodeOf(t *testing.T) {
 	}
 	// A shard with another placement is not routed (its copies would part).
 	rt2 := *rt
-	rt2.tables[Durable] = whole("a:1")
+	rt2.tables[engine.Durable] = whole("a:1")
 	rt2.stmts = map[int64]*sqlgen.Statements{}
 	r.routes.Store(&rt2)
-	if got, _ := r.nodeOf(q(account.OpCharge, "", c(Durable, onA))); got != nil {
+	if got, _ := r.Route(q(account.OpCharge, "", c(Durable, onA))); got != nil {
 		t.Error("a shard without statements (several placements) was routed")
 	}
 }
@@ -113,16 +117,16 @@ func TestNodeOf(t *testing.T) {
 // unreachable, the shard moved, or its table is gone; nothing else.
 func TestRerouted(t *testing.T) {
 	_, dialErr := pgconn.Connect(context.Background(), "postgres://x@127.0.0.1:1/x?connect_timeout=1")
-	if dialErr == nil || !unreachable(fmt.Errorf("check: %w", dialErr)) {
-		t.Errorf("a failed connection is unreachable: %v", dialErr)
+	if dialErr == nil || !Retry(fmt.Errorf("check: %w", dialErr)) {
+		t.Errorf("a failed connection is retried: %v", dialErr)
 	}
-	if !moved(dbError("coalesced check", errShardMoved)) {
-		t.Error("errShardMoved, wrapped, is moved")
+	if !Retry(engine.DBError("coalesced check", engine.ErrShardMoved)) {
+		t.Error("ErrShardMoved, wrapped, is retried")
 	}
-	if !moved(&pgconn.PgError{Code: "42P01"}) {
+	if !Retry(&pgconn.PgError{Code: "42P01"}) {
 		t.Error("an undefined shard table is moved")
 	}
-	if moved(&pgconn.PgError{Code: "55P03"}) || unreachable(errors.New("boom")) {
+	if Retry(&pgconn.PgError{Code: "55P03"}) || Retry(errors.New("boom")) {
 		t.Error("other errors are the check's own")
 	}
 }

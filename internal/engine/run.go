@@ -1,4 +1,4 @@
-package pgratelimit
+package engine
 
 import (
 	"context"
@@ -13,71 +13,71 @@ import (
 )
 
 // The runner sends a plan's statements: in a transaction of its own on a
-// pool connection (runOwn, runChain), or in the caller's transaction (runIn).
+// pool connection (RunOwn, RunChain), or in the caller's transaction (RunIn).
 
-// stmt is one statement and, for one that returns rows, how to read them.
-type stmt struct {
-	sql  string
-	args []any
-	scan func(rowScanner) error // nil for statements that return no rows
+// Stmt is one statement and, for one that returns rows, how to read them.
+type Stmt struct {
+	SQL  string
+	Args []any
+	Scan func(RowScanner) error // nil for statements that return no rows
 }
 
-// rowScanner is what pgx.Rows and *sql.Rows have in common.
-type rowScanner interface {
+// RowScanner is what pgx.Rows and *sql.Rows have in common.
+type RowScanner interface {
 	Next() bool
 	Scan(dest ...any) error
 	Err() error
 }
 
-// executor sends statements to the database: pipelined in one round trip on
+// Executor sends statements to the database: pipelined in one round trip on
 // pgx, one after another on database/sql.
-type executor interface {
-	pipeline(ctx context.Context, stmts []stmt) error
+type Executor interface {
+	Pipeline(ctx context.Context, stmts []Stmt) error
 }
 
-// runIn runs p (not own) in the caller's transaction on ex: its isolation,
+// RunIn runs p (not own) in the caller's transaction on ex: its isolation,
 // its lock_timeout, no retries (a failed statement fails the caller's
 // transaction).
-func runIn(ctx context.Context, ex executor, p *plan) error {
+func RunIn(ctx context.Context, ex Executor, p *Plan) error {
 	a := p.attempt(ctx, p.mode)
-	if err := ex.pipeline(ctx, a.open()); err != nil {
+	if err := ex.Pipeline(ctx, a.open()); err != nil {
 		return err
 	}
 	if _, err := a.decideAll(ex); err != nil {
 		return err
 	}
-	return ex.pipeline(ctx, a.close())
+	return ex.Pipeline(ctx, a.close())
 }
 
-// chain supplies the transactions that follow one another on a connection
+// Chain supplies the transactions that follow one another on a connection
 // (see runChain), and is told how each one ended.
-type chain interface {
-	// next returns the plan to run after the one just decided (which
+type Chain interface {
+	// Next returns the plan to run after the one just decided (which
 	// deferred deferred) and the context to run it in, or nil.
-	next(after *plan, deferred []*request) (*plan, context.Context)
-	// done is called once per plan, when it has committed (err nil) or
+	Next(after *Plan, deferred []*Request) (*Plan, context.Context)
+	// Done is called once per plan, when it has committed (err nil) or
 	// failed.
-	done(p *plan, deferred []*request, err error)
+	Done(p *Plan, deferred []*Request, err error)
 }
 
-// runOwn runs p in a transaction of its own on a connection of pool and
+// RunOwn runs p in a transaction of its own on a connection of pool and
 // returns the requests it deferred.
-func runOwn(ctx context.Context, pool *pgxpool.Pool, p *plan) (deferred []*request, err error) {
+func RunOwn(ctx context.Context, pool *pgxpool.Pool, p *Plan) (deferred []*Request, err error) {
 	var one single
-	runChain(ctx, pool, p, &one)
+	RunChain(ctx, pool, p, &one)
 	return one.deferred, one.err
 }
 
 // single is the chain of one plan.
 type single struct {
-	deferred []*request
+	deferred []*Request
 	err      error
 }
 
-func (*single) next(*plan, []*request) (*plan, context.Context) { return nil, nil }
-func (s *single) done(_ *plan, deferred []*request, err error)  { s.deferred, s.err = deferred, err }
+func (*single) Next(*Plan, []*Request) (*Plan, context.Context) { return nil, nil }
+func (s *single) Done(_ *Plan, deferred []*Request, err error)  { s.deferred, s.err = deferred, err }
 
-// runChain runs own transactions one after another on one connection of
+// RunChain runs own transactions one after another on one connection of
 // pool: first, then each plan ch.next returns once the one before it is
 // decided, until it returns none. The statements that end one (UPDATE,
 // COMMIT) and those that begin the next (BEGIN, INSERT, SELECT) go in one
@@ -89,14 +89,14 @@ func (s *single) done(_ *plan, deferred []*request, err error)  { s.deferred, s.
 // can cure (retryMode) is tried again on the connection, up to maxTries,
 // while no other follows it; a COMMIT the server confirmed is a commit, even
 // if the connection fails right after.
-func runChain(ctx context.Context, pool *pgxpool.Pool, first *plan, ch chain) {
+func RunChain(ctx context.Context, pool *pgxpool.Pool, first *Plan, ch Chain) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		ch.done(first, nil, err)
+		ch.Done(first, nil, err)
 		return
 	}
 	defer conn.Release()
-	ex := pgxExecutor{conn}
+	ex := PgxExecutor{Q: conn}
 	cur, try, opened := first.attempt(ctx, first.mode), 1, false
 	// fail rolls back cur after err and readies its next try, or reports
 	// err and says to stop.
@@ -104,10 +104,10 @@ func runChain(ctx context.Context, pool *pgxpool.Pool, first *plan, ch chain) {
 		rollback(cur.ctx, conn)
 		mode, again := retryMode(conn, err, cur.mode, try)
 		if !again {
-			ch.done(cur.plan, nil, err)
+			ch.Done(cur.Plan, nil, err)
 			return false
 		}
-		cur, try, opened = cur.plan.attempt(cur.ctx, mode), try+1, false
+		cur, try, opened = cur.Plan.attempt(cur.ctx, mode), try+1, false
 		return true
 	}
 	for {
@@ -128,7 +128,7 @@ func runChain(ctx context.Context, pool *pgxpool.Pool, first *plan, ch chain) {
 			continue
 		}
 		closing := cur.close()
-		nxt, nctx := ch.next(cur.plan, deferred)
+		nxt, nctx := ch.Next(cur.Plan, deferred)
 		if nxt == nil {
 			if at, err := ex.pipelineAt(cur.ctx, closing); err != nil && at < len(closing) {
 				if !fail(err) {
@@ -136,31 +136,31 @@ func runChain(ctx context.Context, pool *pgxpool.Pool, first *plan, ch chain) {
 				}
 				continue
 			}
-			ch.done(cur.plan, deferred, nil)
+			ch.Done(cur.Plan, deferred, nil)
 			return
 		}
 		next := nxt.attempt(nctx, nxt.mode)
-		both, cancel := followAll(cur.ctx, nctx)
+		both, cancel := FollowAll(cur.ctx, nctx)
 		at, err := ex.pipelineAt(both, append(closing, next.open()...))
 		cancel()
 		switch {
 		case err == nil:
-			ch.done(cur.plan, deferred, nil)
+			ch.Done(cur.Plan, deferred, nil)
 			cur, try, opened = next, 1, true
 		case at < len(closing):
 			// cur failed before its COMMIT was confirmed, and next's
 			// statements were not run: begin it again, unless the
 			// connection is gone.
 			rollback(cur.ctx, conn)
-			ch.done(cur.plan, nil, err)
+			ch.Done(cur.Plan, nil, err)
 			if conn.Conn().PgConn().IsClosed() {
-				ch.done(nxt, nil, err)
+				ch.Done(nxt, nil, err)
 				return
 			}
 			cur, try, opened = next, 1, false
 		default:
 			// cur committed; next failed to begin.
-			ch.done(cur.plan, deferred, nil)
+			ch.Done(cur.Plan, deferred, nil)
 			cur, try = next, 1
 			if !fail(err) {
 				return
@@ -171,21 +171,21 @@ func runChain(ctx context.Context, pool *pgxpool.Pool, first *plan, ch chain) {
 
 // maxTries bounds the tries of an own transaction that PostgreSQL aborted
 // for a deadlock or a serialization failure, or (coalesced batches) whose
-// INSERT waited past insertGuard. Such a transaction committed nothing, so
+// INSERT waited past InsertGuard. Such a transaction committed nothing, so
 // trying again is invisible.
 const maxTries = 3
 
 // retryMode says whether a transaction whose try number try, in lock mode
 // mode, failed with err and was rolled back on conn may run again, and in
 // which mode.
-func retryMode(conn *pgxpool.Conn, err error, mode lockMode, try int) (lockMode, bool) {
+func retryMode(conn *pgxpool.Conn, err error, mode LockMode, try int) (LockMode, bool) {
 	if try >= maxTries || conn.Conn().PgConn().IsClosed() {
 		return mode, false
 	}
-	switch sqlState(err) {
+	switch SQLState(err) {
 	case pgerrcode.LockNotAvailable:
 		// Only a batch's INSERT has a lock_timeout that is ours to handle.
-		return skipLockedNoInsert, mode == skipLocked
+		return SkipLockedNoInsert, mode == SkipLocked
 	case pgerrcode.DeadlockDetected, pgerrcode.SerializationFailure:
 		return mode, true
 	}
@@ -206,9 +206,9 @@ func rollback(ctx context.Context, conn *pgxpool.Conn) {
 	}
 }
 
-// followAll is a context that is cancelled when every one of ctxs has
+// FollowAll is a context that is cancelled when every one of ctxs has
 // ended; one that can never end keeps it going.
-func followAll(ctxs ...context.Context) (context.Context, context.CancelFunc) {
+func FollowAll(ctxs ...context.Context) (context.Context, context.CancelFunc) {
 	for _, c := range ctxs {
 		if c.Done() == nil {
 			return context.Background(), func() {}
@@ -233,15 +233,15 @@ func followAll(ctxs ...context.Context) (context.Context, context.CancelFunc) {
 	}
 }
 
-// pgxExecutor pipelines statements in one pgx batch, on a pool connection
+// PgxExecutor pipelines statements in one pgx batch, on a pool connection
 // or in a pgx.Tx.
-type pgxExecutor struct {
-	q interface {
+type PgxExecutor struct {
+	Q interface {
 		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	}
 }
 
-func (e pgxExecutor) pipeline(ctx context.Context, stmts []stmt) error {
+func (e PgxExecutor) Pipeline(ctx context.Context, stmts []Stmt) error {
 	_, err := e.pipelineAt(ctx, stmts)
 	return err
 }
@@ -249,11 +249,11 @@ func (e pgxExecutor) pipeline(ctx context.Context, stmts []stmt) error {
 // pipelineAt is pipeline that also says how many statements the server
 // confirmed: on an error, stmts[at] failed (or its answer was lost) and the
 // ones after it did not run.
-func (e pgxExecutor) pipelineAt(ctx context.Context, stmts []stmt) (at int, err error) {
+func (e PgxExecutor) pipelineAt(ctx context.Context, stmts []Stmt) (at int, err error) {
 	b := &pgx.Batch{}
 	for _, s := range stmts {
-		qq := b.Queue(s.sql, s.args...)
-		if scan := s.scan; scan != nil {
+		qq := b.Queue(s.SQL, s.Args...)
+		if scan := s.Scan; scan != nil {
 			qq.Query(func(rows pgx.Rows) error {
 				if err := scan(rows); err != nil {
 					return err
@@ -265,31 +265,55 @@ func (e pgxExecutor) pipelineAt(ctx context.Context, stmts []stmt) (at int, err 
 			qq.Exec(func(pgconn.CommandTag) error { at++; return nil })
 		}
 	}
-	err = e.q.SendBatch(ctx, b).Close() // runs the callbacks above, counting at
+	err = e.Q.SendBatch(ctx, b).Close() // runs the callbacks above, counting at
 	return at, err
 }
 
-// sqlExecutor runs statements one after another in a database/sql
+// SQLExecutor runs statements one after another in a database/sql
 // transaction, which cannot pipeline.
-type sqlExecutor struct{ tx *sql.Tx }
+type SQLExecutor struct{ Tx *sql.Tx }
 
-func (e sqlExecutor) pipeline(ctx context.Context, stmts []stmt) error {
+func (e SQLExecutor) Pipeline(ctx context.Context, stmts []Stmt) error {
 	for _, s := range stmts {
-		if s.scan == nil {
-			if _, err := e.tx.ExecContext(ctx, s.sql, s.args...); err != nil {
+		if s.Scan == nil {
+			if _, err := e.Tx.ExecContext(ctx, s.SQL, s.Args...); err != nil {
 				return err
 			}
 			continue
 		}
-		rows, err := e.tx.QueryContext(ctx, s.sql, s.args...)
+		rows, err := e.Tx.QueryContext(ctx, s.SQL, s.Args...)
 		if err != nil {
 			return err
 		}
-		err = s.scan(rows)
+		err = s.Scan(rows)
 		if cerr := rows.Close(); err == nil {
 			err = cerr
 		}
 		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RunAlone runs q in a transaction of its own that waits for its rows, and
+// returns q's error (what names it in errors).
+func RunAlone(pool *pgxpool.Pool, q *Request, set Settings, what string) error {
+	if _, err := RunOwn(q.Ctx, pool, NewPlan([]*Request{q}, set, true, WaitLocks)); err != nil {
+		return DBError(what, err)
+	}
+	return q.Result()
+}
+
+// Result is q's error once its transaction has ended: its own, or its
+// context's if the engine skipped it (the context ended before it was
+// decided: nothing was spent).
+func (q *Request) Result() error {
+	if q.Err != nil {
+		return q.Err
+	}
+	if !q.Decided() {
+		if err := q.Ctx.Err(); err != nil {
 			return err
 		}
 	}

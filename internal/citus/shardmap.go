@@ -1,4 +1,4 @@
-package pgratelimit
+package citus
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // errNotHashDistributed is wrapped by loadShardMap's error when the table is
@@ -109,7 +110,7 @@ func checkHashDistributed(ctx context.Context, q querierRows, name string) error
 	case err != nil:
 		return err
 	case !exists:
-		return fmt.Errorf("table %s not found: %w", name, ErrNotMigrated)
+		return fmt.Errorf("table %s not found: %w", name, engine.ErrNotMigrated)
 	case method == "":
 		return fmt.Errorf("%w: not a Citus distributed table (run migrations.Distribute on the coordinator)", errNotHashDistributed)
 	case method != "h" || column != "key":

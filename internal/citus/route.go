@@ -1,9 +1,8 @@
-package pgratelimit
+package citus
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"slices"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgerrcode"
@@ -57,8 +57,9 @@ import (
 // routeRefresh is how often a router reads the shard map again.
 const routeRefresh = 10 * time.Second
 
-// router sends checks to the Citus nodes that hold their rows.
-type router struct {
+// Router sends checks to the Citus nodes that hold their rows. It is safe
+// for concurrent use.
+type Router struct {
 	app   *pgxpool.Pool
 	slots int // batches in flight, over all nodes (ClientConfig.CoalesceConns)
 
@@ -69,7 +70,8 @@ type router struct {
 	goroutines sync.WaitGroup
 
 	mu     sync.Mutex
-	nodes  map[string]*node              // by "host:port"
+	nodes  Pools                         // the nodes' pools, by "host:port"
+	byAddr map[string]*Node              // the nodes routed to so far
 	stmts  map[string]*sqlgen.Statements // by shard table and placement check
 	closed bool
 }
@@ -78,51 +80,61 @@ type router struct {
 type routes struct {
 	tables   [2]*shardMap                 // by Storage; nil: that table's checks are not routed
 	stmts    map[int64]*sqlgen.Statements // by shard ID: on its table; only shards routed to
-	nodes    map[string]*node
+	nodes    map[string]*Node
 	loadedAt time.Time
 }
 
-// node is a Citus node checks are sent to, with its own coalescer.
-type node struct {
-	pool *pgxpool.Pool
-	co   *coalescer
-	app  bool // pool is the application's own
+// Node is a Citus node checks are sent to.
+type Node struct {
+	// Pool reaches the node: made from the application's pool's settings
+	// (host and port replaced), or the application's own pool for the node
+	// it is on.
+	Pool *pgxpool.Pool
+	// Slots is how many coalesced transactions the node's checks should
+	// run at once: its share of the client's.
+	Slots int
 }
 
-func newRouter(app *pgxpool.Pool, slots int) *router {
-	return &router{app: app, slots: slots, nodes: make(map[string]*node), stmts: make(map[string]*sqlgen.Statements)}
+// NewRouter returns a Router of the checks of app's database, which run
+// slots coalesced transactions at once over all nodes. Call Reload before
+// its first Route.
+func NewRouter(app *pgxpool.Pool, slots int) *Router {
+	r := &Router{app: app, slots: slots, nodes: Pools{app: app}, stmts: make(map[string]*sqlgen.Statements)}
+	r.routes.Store(&routes{})
+	return r
 }
 
-// nodeOf returns the node that holds every row of q, with the routes that
-// say so, or nil when there is none (rows on several nodes, a table not
-// routed, a request that writes more than buckets, no map yet); it starts a
-// refresh of the map when it is old.
-func (r *router) nodeOf(q *request) (*node, *routes) {
+// Route returns the node that holds every row of q and the dialect to speak
+// there (the routed one, on the shards' own tables), or nil when there is
+// none (rows on several nodes, a table not routed, a request that writes
+// more than buckets, no map yet); it starts a refresh of the map when it is
+// old.
+func (r *Router) Route(q *engine.Request) (*Node, engine.Dialect) {
 	rt := r.routes.Load()
 	if time.Since(rt.loadedAt) > routeRefresh {
-		r.refresh()
+		r.Refresh()
 	}
-	if q.kind != account.OpCharge || q.id != "" {
+	if q.Kind != account.OpCharge || q.ID != "" {
 		return nil, nil
 	}
 	var at string
-	for _, c := range q.charges {
-		m := rt.tables[c.row.storage]
-		if m == nil || c.grants || c.ledger {
+	for _, c := range q.Charges {
+		m := rt.tables[c.Row.Storage]
+		if m == nil || c.Grants || c.Ledger {
 			return nil, nil
 		}
-		id, n, ok := m.shardOf(c.row.key)
+		id, n, ok := m.shardOf(c.Row.Key)
 		if !ok || rt.stmts[id] == nil || at != "" && n != at {
 			return nil, nil
 		}
 		at = n
 	}
-	return rt.nodes[at], rt
+	return rt.nodes[at], onShards{rt}
 }
 
-// refresh reads the shard map again in the background, unless a reading is
+// Refresh reads the shard map again in the background, unless a reading is
 // under way.
-func (r *router) refresh() {
+func (r *Router) Refresh() {
 	if !r.loading.CompareAndSwap(false, true) {
 		return
 	}
@@ -130,14 +142,14 @@ func (r *router) refresh() {
 		defer r.loading.Store(false)
 		ctx, cancel := context.WithTimeout(context.Background(), routeRefresh)
 		defer cancel()
-		r.reload(ctx)
+		r.Reload(ctx)
 	})
 }
 
-// reload reads the shard maps; if that fails, r routes by the maps it has
+// Reload reads the shard maps; if that fails, r routes by the maps it has
 // (none at first) and tries again at the next refresh: a stale map costs
 // hops, not answers.
-func (r *router) reload(ctx context.Context) {
+func (r *Router) Reload(ctx context.Context) {
 	if err := r.load(ctx); err != nil {
 		var rt routes
 		if old := r.routes.Load(); old != nil {
@@ -151,21 +163,21 @@ func (r *router) reload(ctx context.Context) {
 // load reads the shard maps of the bucket tables and makes pools for nodes
 // new to r. A table that is not hash-distributed by key (or not there) is
 // not routed; other errors are returned, and r routes as before.
-func (r *router) load(ctx context.Context) error {
+func (r *Router) load(ctx context.Context) error {
 	var rt routes
 	var owner bool
 	if err := r.app.QueryRow(ctx, `SELECT coalesce(bool_and(pg_catalog.pg_has_role(relowner, 'USAGE')), false)
 FROM pg_catalog.pg_class WHERE oid IN (pg_catalog.to_regclass($1), pg_catalog.to_regclass($2))`,
-		DurableTable, EphemeralTable).Scan(&owner); err != nil {
+		sqlgen.DurableTable, sqlgen.EphemeralTable).Scan(&owner); err != nil {
 		return err
 	}
-	for s, table := range [...]string{Durable: DurableTable, Ephemeral: EphemeralTable} {
+	for s, table := range [...]string{engine.Durable: sqlgen.DurableTable, engine.Ephemeral: sqlgen.EphemeralTable} {
 		if !owner {
 			break
 		}
 		m, err := loadShardMap(ctx, r.app, table)
 		switch {
-		case errors.Is(err, errNotHashDistributed), errors.Is(err, ErrNotMigrated):
+		case errors.Is(err, errNotHashDistributed), errors.Is(err, engine.ErrNotMigrated):
 		case err != nil:
 			return err
 		default:
@@ -188,9 +200,10 @@ WHERE groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group) AND noderol
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return ErrClosed
+		return errClosed
 	}
-	rt.nodes = make(map[string]*node)
+	r.nodes.self = self
+	rt.nodes = make(map[string]*Node)
 	rt.stmts = make(map[int64]*sqlgen.Statements)
 	// The client's coalesced transactions are shared out among the nodes,
 	// at least one each.
@@ -210,14 +223,14 @@ WHERE groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group) AND noderol
 			if sh.node == "" || !sh.single {
 				continue
 			}
-			n, err := r.nodeLocked(sh.node, sh.node == self, slots)
+			n, err := r.nodeLocked(sh.node, slots)
 			if err != nil {
 				return err
 			}
 			rt.nodes[sh.node] = n
 			// Each lock and relock also says whether this node still holds
 			// the shard, read after the guard's lock (see shardRows).
-			placed := fmt.Sprintf(`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = %d AND groupid = %d)`, sh.id, sh.group)
+			placed := ", " + sqlgen.Placed(sh.id, sh.group)
 			st := r.stmts[sh.name+placed]
 			if st == nil {
 				ns := sqlgen.Buckets(sh.name, placed)
@@ -232,24 +245,21 @@ WHERE groupid = (SELECT groupid FROM pg_catalog.pg_dist_local_group) AND noderol
 	return nil
 }
 
-// nodeLocked returns the node at addr, making it (and its pool: the
-// application's when app) the first time, with a coalescer of slots.
-func (r *router) nodeLocked(addr string, app bool, slots int) (*node, error) {
-	if n := r.nodes[addr]; n != nil {
+// nodeLocked returns the node at addr, making it (and its pool) the first
+// time, with slots.
+func (r *Router) nodeLocked(addr string, slots int) (*Node, error) {
+	if n := r.byAddr[addr]; n != nil {
 		return n, nil
 	}
-	pool := r.app
-	if !app {
-		cfg, err := nodePoolConfig(r.app.Config(), addr)
-		if err != nil {
-			return nil, err
-		}
-		if pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
-			return nil, err
-		}
+	pool, err := r.nodes.Get(context.Background(), addr)
+	if err != nil {
+		return nil, err
 	}
-	n := &node{pool: pool, co: newCoalescer(pool, slots), app: app}
-	r.nodes[addr] = n
+	n := &Node{Pool: pool, Slots: slots}
+	if r.byAddr == nil {
+		r.byAddr = make(map[string]*Node)
+	}
+	r.byAddr[addr] = n
 	return n, nil
 }
 
@@ -275,121 +285,138 @@ func nodePoolConfig(app *pgxpool.Config, addr string) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-// unreachable says whether err is a failure to connect, before anything
-// ran: the check can go to the coordinator instead.
-func unreachable(err error) bool {
+// Retry says whether err, from a check routed to a node, leaves the check
+// to be sent through the coordinator: the node could not be reached
+// (nothing ran), or a shard left it (the placement check, or the shard's
+// table dropped after a move: nothing was decided either way). The router
+// is refreshed meanwhile.
+func Retry(err error) bool {
 	var ce *pgconn.ConnectError
-	return errors.As(err, &ce)
+	return errors.As(err, &ce) || moved(err)
 }
 
 // moved says whether err failed a routed transaction because a shard left
-// the node: the placement check, or the shard's table dropped after a move
-// (nothing was decided either way).
+// its node.
 func moved(err error) bool {
-	return errors.Is(err, errShardMoved) || sqlState(err) == pgerrcode.UndefinedTable
+	return errors.Is(err, engine.ErrShardMoved) || engine.SQLState(err) == pgerrcode.UndefinedTable
 }
 
-// close waits for refreshes and closes the pools r made; no check may be in
+// Close waits for refreshes and closes the pools r made; no check may be in
 // flight on them.
-func (r *router) close() {
+func (r *Router) Close() {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
 	r.goroutines.Wait()
-	for _, n := range r.nodes {
-		n.co.goroutines.Wait()
-		if !n.app {
-			n.pool.Close()
-		}
-	}
+	r.nodes.Close()
 }
 
-// errShardMoved fails a routed transaction whose node no longer holds one of
-// its shards: it rolled back, and its checks go through the coordinator.
-var errShardMoved = errors.New("pgratelimit: a shard moved off the node the check was sent to")
+var errClosed = errors.New("pgratelimit: router closed")
 
 // onShards is the dialect of a transaction routed to a Citus node: plain
-// PostgreSQL's, on the tables of the shards that hold its rows (see router).
+// PostgreSQL's, on the tables of the shards that hold its rows (see Router).
 // Comparable: the batches of one reading of the map share it.
 type onShards struct{ rt *routes }
 
-func (onShards) kind() Dialect                   { return Citus }
-func (d onShards) shape(int, bool) shape         { return shardRows(d) }
-func (onShards) set(pairs []string) []stmt       { return postgres{}.set(pairs) }
-func (onShards) oneRowBatches() bool             { return false }
-func (onShards) deleter(ct cleanupTable) deleter { return citus{}.deleter(ct) }
+// Name is "citus".
+func (onShards) Name() string { return "citus" }
 
-// shardRows is oneRow on each row's shard table, after the guard that keeps
+// Shape is one row per statement, on each row's shard table.
+func (d onShards) Shape(int, bool) engine.Shape { return shardRows(d) }
+
+// Set is plain PostgreSQL's.
+func (onShards) Set(pairs []string) []engine.Stmt { return engine.Postgres{}.Set(pairs) }
+
+// OneRowBatches: a batch holds any rows of the node's shards.
+func (onShards) OneRowBatches() bool { return false }
+
+// shardRows is OneRow on each row's shard table, after the guard that keeps
 // the shards on the node.
 type shardRows struct{ rt *routes }
 
 // table returns the statements of the shard table that holds r.
-func (d shardRows) table(s Storage, r row) *sqlgen.Table {
-	id, _, _ := d.rt.tables[s].shardOf(r.key)
+func (d shardRows) table(s engine.Storage, r engine.Row) *sqlgen.Table {
+	id, _, _ := d.rt.tables[s].shardOf(r.Key)
 	return &d.rt.stmts[id].One
 }
 
-// insert: the attempt's first row's insert, the first statement to touch a
-// shard, takes the guard's locks first (see guard).
-func (d shardRows) insert(s Storage, rows []row, a *attempt) []stmt {
-	return perRow(rows, func(r row) stmt {
+// Insert: the attempt's first row's insert, the first statement to touch a
+// shard, takes the guard's locks first (see Guard).
+func (d shardRows) Insert(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
+	return perRow(rows, func(r engine.Row) engine.Stmt {
 		ts := d.table(s, r)
-		if r == a.rows[0] {
-			return stmt{sql: ts.GuardedInsert, args: []any{r.prefix, r.key, a.interval(r), a.clock, d.shards(a)}}
+		if r == a.Rows()[0] {
+			return engine.Stmt{SQL: ts.GuardedInsert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam(), d.shards(a)}}
 		}
-		return stmt{sql: ts.Insert, args: []any{r.prefix, r.key, a.interval(r), a.clock}}
+		return engine.Stmt{SQL: ts.Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
 	})
 }
 
-func (d shardRows) lock(s Storage, rows []row, a *attempt) []stmt {
-	scan := a.scanRows(s, false, true)
-	return perRow(rows, func(r row) stmt {
-		return stmt{sql: a.lockSQL(d.table(s, r), s), args: []any{r.prefix, r.key, a.clock}, scan: scan}
+// Lock locks each row on its shard, and reads whether the node still holds
+// the shard.
+func (d shardRows) Lock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
+	scan := a.ScanRows(s, false, true)
+	return perRow(rows, func(r engine.Row) engine.Stmt {
+		return engine.Stmt{SQL: a.LockSQL(d.table(s, r), s), Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan}
 	})
 }
 
-func (d shardRows) relock(s Storage, rows []row, a *attempt) []stmt {
-	scan := a.scanRows(s, false, true)
-	return perRow(rows, func(r row) stmt {
-		return stmt{sql: a.relockSQL(d.table(s, r), s), args: []any{r.prefix, r.key, a.interval(r), a.clock}, scan: scan}
+// Relock upserts and locks each row a cleanup deleted, on its shard.
+func (d shardRows) Relock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
+	scan := a.ScanRows(s, false, true)
+	return perRow(rows, func(r engine.Row) engine.Stmt {
+		return engine.Stmt{SQL: a.RelockSQL(d.table(s, r), s), Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan}
 	})
 }
 
-func (d shardRows) update(s Storage, rows []row, a *attempt) []stmt {
-	return perRow(rows, func(r row) stmt {
-		return stmt{sql: d.table(s, r).Update, args: a.updateArgs(r)}
+// Update writes each row on its shard.
+func (d shardRows) Update(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
+	return perRow(rows, func(r engine.Row) engine.Stmt {
+		return engine.Stmt{SQL: d.table(s, r).Update, Args: a.UpdateArgs(r)}
 	})
 }
 
-func (shardRows) values(sql sqlgen.Rows, rows [][]any, scan func(rowScanner) error) []stmt {
-	return oneRow{}.values(sql, rows, scan)
+// Values is OneRow's (routed transactions write buckets only).
+func (shardRows) Values(sql sqlgen.Rows, rows [][]any, scan func(engine.RowScanner) error) []engine.Stmt {
+	return engine.OneRow{}.Values(sql, rows, scan)
 }
 
-func (shardRows) settings() []string    { return nil }
-func (shardRows) clock(*attempt) []stmt { return nil }
+// Settings: none.
+func (shardRows) Settings() []string { return nil }
 
-// guard takes the shards' metadata locks (ShareLock, 5: what Citus's
+// Clock: the locks read it.
+func (shardRows) Clock(*engine.Attempt) []engine.Stmt { return nil }
+
+// Guard takes the shards' metadata locks (ShareLock, 5: what Citus's
 // executor takes before it writes to a shard, and a shard move waits for):
-// in the first insert (insert), or, in an attempt that inserts nothing, in
+// in the first insert (Insert), or, in an attempt that inserts nothing, in
 // a statement of its own. Whether this node still holds each shard is read
-// after it, with each row (the lock and relock statements' last column, see
-// scanRows): a row of a shard that moved fails the transaction before
-// anything is decided.
-func (d shardRows) guard(a *attempt) []stmt {
-	if a.mode != skipLockedNoInsert {
+// after it, with each row (the lock and relock statements' last column,
+// see engine.Attempt.ScanRows): a row of a shard that moved fails the
+// transaction before anything is decided.
+func (d shardRows) Guard(a *engine.Attempt) []engine.Stmt {
+	if a.Mode() != engine.SkipLockedNoInsert {
 		return nil
 	}
-	return []stmt{{sql: `SELECT pg_catalog.lock_shard_metadata(5, $1::text::bigint[])`, args: []any{d.shards(a)}}}
+	return []engine.Stmt{{SQL: sqlgen.LockShards, Args: []any{d.shards(a)}}}
 }
 
 // shards is the array of the attempt's rows' shards, sorted.
-func (d shardRows) shards(a *attempt) string {
+func (d shardRows) shards(a *engine.Attempt) string {
 	var ids []int64
-	for _, r := range a.rows {
-		id, _, _ := d.rt.tables[r.storage].shardOf(r.key)
+	for _, r := range a.Rows() {
+		id, _, _ := d.rt.tables[r.Storage].shardOf(r.Key)
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	return sqlgen.Int64Array(len(ids), func(i int) int64 { return ids[i] })
+}
+
+func perRow(rows []engine.Row, f func(r engine.Row) engine.Stmt) []engine.Stmt {
+	stmts := make([]engine.Stmt, len(rows))
+	for i, r := range rows {
+		stmts[i] = f(r)
+	}
+	return stmts
 }

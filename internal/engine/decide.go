@@ -1,0 +1,119 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
+)
+
+// Deciding: the account model (internal/account) owns what every operation
+// does to a balance; decide applies it to the accounts an attempt locked and
+// notes what to write besides them.
+
+// op is the account operation of q on charge c.
+func (q *Request) op(c Charge, grantID int64) account.Op {
+	op := account.Op{Kind: q.Kind, Amount: c.Cost, ID: q.ID, Retention: c.Retention,
+		GrantID: grantID, ExpiresAt: q.Expires, Ledger: c.Ledger}
+	if q.Kind == account.OpSettle {
+		op.Amount = q.Actual
+	}
+	return op
+}
+
+// decide applies q to the accounts a holds, all or nothing, and records its
+// outcome; when it is allowed, a's accounts take their new state and a notes
+// what to write besides them (records, ledger entries, resets). A denied
+// request, a replay and an error change nothing.
+func (a *Attempt) decide(q *Request) {
+	if err := a.replays(q); err != nil {
+		q.Err = err
+		return
+	}
+	news := make([]account.State, len(q.Charges))
+	changes := make([]account.Change, len(q.Charges))
+	allowed := true
+	for i, c := range q.Charges {
+		var err error
+		news[i], changes[i], err = account.Apply(c.Policy, *a.state[c.Row], a.now, q.op(c, a.grantID))
+		if err != nil {
+			q.Err = requestError(err, q, c)
+			return
+		}
+		allowed = allowed && changes[i].Allowed
+	}
+	outs := make([]account.Outcome, len(q.Charges))
+	for i, c := range q.Charges {
+		outs[i] = changes[i].Outcome
+		if !allowed && changes[i].Allowed {
+			// This bucket had enough, another did not: nothing is taken.
+			outs[i] = account.Look(c.Policy, *a.state[c.Row], a.now, c.Cost)
+		}
+		if allowed {
+			a.apply(q, c, news[i], changes[i])
+		}
+	}
+	q.Allowed, q.Outcomes = allowed, outs
+}
+
+// replays checks that q's request ID names a request on all of its buckets
+// or on none: one call's ID on some of them is another call.
+func (a *Attempt) replays(q *Request) error {
+	if q.ID == "" || len(q.Charges) < 2 {
+		return nil
+	}
+	n := 0
+	for _, c := range q.Charges {
+		if rec, ok := a.state[c.Row].Records[q.ID]; ok && rec.Live(a.now) {
+			n++
+		}
+	}
+	if n > 0 && n < len(q.Charges) {
+		return fmt.Errorf("%w: request %q names a call on %d of its %d buckets", account.ErrRequestMismatch, q.ID, n, len(q.Charges))
+	}
+	return nil
+}
+
+// apply makes ns, the state an allowed request left c's account in, the
+// account's, and notes what else to write.
+func (a *Attempt) apply(q *Request, c Charge, ns account.State, ch account.Change) {
+	*a.state[c.Row] = ns
+	if q.Kind == account.OpGrant {
+		q.Grant = ch.Grant
+	}
+	if ch.Replayed {
+		return
+	}
+	if ch.Record != nil {
+		a.records = append(a.records, recordWrite{row: c.Row, id: q.ID, rec: *ch.Record})
+	}
+	if ch.Reset {
+		a.resets = append(a.resets, c.Row)
+	}
+	if c.Ledger {
+		for _, e := range ch.Entries {
+			a.ledger = append(a.ledger, []any{c.Row.Prefix, c.Row.Key, a.now, e.Amount, e.Kind.String(), q.ID,
+				e.Balance, e.GrantsAmount, e.Granted})
+		}
+	}
+}
+
+// requestError is err of the account model for q on c, with what it was.
+func requestError(err error, q *Request, c Charge) error {
+	switch {
+	case errors.Is(err, account.ErrGrantExpired):
+		return fmt.Errorf("%w: expires %s, the check's clock reads later", err, q.Expires.Format(time.RFC3339Nano))
+	case q.ID != "":
+		return fmt.Errorf("%w: request %q on %s of prefix %q", err, q.ID, QuoteKey(c.Row.Key), c.Row.Prefix)
+	}
+	return err
+}
+
+// QuoteKey shortens and quotes a key for error messages.
+func QuoteKey(key string) string {
+	if len(key) > 64 {
+		key = key[:64] + "..."
+	}
+	return fmt.Sprintf("key %q", key)
+}

@@ -1,0 +1,351 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
+)
+
+// Plan is one transaction's worth of requests, fixed before it runs.
+type Plan struct {
+	reqs  []*Request
+	set   Settings
+	own   bool     // BEGIN and COMMIT are ours; else it runs in the caller's transaction
+	mode  LockMode // of the first attempt
+	shape Shape
+	clock any // the clock parameter, read once
+	// spendsGrants: a charge's account has grants (Config.Grants), so the
+	// durable rows are locked with their grants (see statements.lockGrants).
+	spendsGrants bool
+	// hasIDs: a request carries a request ID, so its request rows are read
+	// after the locks.
+	hasIDs bool
+	// grants: a request makes a grant, so a new grant ID is read first.
+	grants bool
+
+	rows      []Row                    // distinct, in lock order
+	horizons  map[Row]time.Duration    // of new rows (see statements.insert)
+	intervals map[time.Duration]string // horizons as interval input, formatted once
+}
+
+// perRowMax is the most rows an own transaction sends as statements of one
+// row each rather than one statement over arrays.
+const perRowMax = 4
+
+// NewPlan plans a transaction of reqs with the settings set: of its own
+// (own) or in the caller's, first tried in lock mode mode.
+func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
+	p := &Plan{reqs: reqs, set: set, own: own, mode: mode, clock: set.Clock.Param(),
+		horizons: make(map[Row]time.Duration, len(reqs))}
+	for _, q := range reqs {
+		p.hasIDs = p.hasIDs || q.ID != ""
+		p.grants = p.grants || q.Kind == account.OpGrant
+		for _, c := range q.Charges {
+			p.rows = append(p.rows, c.Row)
+			p.spendsGrants = p.spendsGrants || c.Grants
+			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge {
+				// How long after a new row's first check it is full again:
+				// the INSERT stores that expiry (see statements.insert).
+				p.horizons[c.Row] = c.Policy.Horizon(c.Cost)
+			}
+		}
+	}
+	slices.SortFunc(p.rows, CompareRows)
+	p.rows = slices.Compact(p.rows)
+	p.shape = set.Dialect.Shape(len(p.rows), own)
+	return p
+}
+
+// Interval is the horizon of r as interval input; the rows of a batch mostly
+// share one, formatted once.
+func (p *Plan) Interval(r Row) string {
+	h := p.horizons[r]
+	s, ok := p.intervals[h]
+	if !ok {
+		s = sqlgen.Interval(h)
+		if p.intervals == nil {
+			p.intervals = make(map[time.Duration]string, 1)
+		}
+		p.intervals[h] = s
+	}
+	return s
+}
+
+// Attempt is one try of a plan, and what it has found so far.
+type Attempt struct {
+	*Plan
+	ctx   context.Context
+	mode  LockMode
+	state map[Row]*account.State // the accounts locked, then as decided
+	orig  map[Row]account.State  // the accounts as locked
+	now   time.Time              // the clock, after the locks
+	// grantID is the ID of a grant a request makes (grants).
+	grantID int64
+
+	// What the decisions write besides the buckets and grants.
+	records []recordWrite // request records, new or settled
+	ledger  [][]any       // ledger rows
+	resets  []Row         // rows to delete
+}
+
+func (p *Plan) attempt(ctx context.Context, mode LockMode) *Attempt {
+	return &Attempt{Plan: p, ctx: ctx, mode: mode, state: make(map[Row]*account.State, len(p.rows))}
+}
+
+// settingPairs are the names and values set right after BEGIN: of our own
+// making, never the caller's.
+func (a *Attempt) settingPairs() []string {
+	s := a.shape.Settings()
+	switch {
+	case a.mode == SkipLocked:
+		s = append(s, "lock_timeout", strconv.FormatInt(InsertGuard.Milliseconds(), 10)+"ms")
+	case a.mode == WaitLocks && a.set.LockTimeout > 0:
+		s = append(s, "lock_timeout", strconv.FormatInt(a.set.LockTimeout.Milliseconds(), 10)+"ms")
+	}
+	if a.set.Async {
+		s = append(s, "synchronous_commit", "off")
+	}
+	return s
+}
+
+// open returns the statements that begin a, up to the locks (BEGIN and the
+// settings only in an own transaction).
+func (a *Attempt) open() []Stmt {
+	var stmts []Stmt
+	if a.own {
+		stmts = append(stmts, Stmt{SQL: "BEGIN"})
+		if set := a.settingPairs(); len(set) > 0 {
+			stmts = append(stmts, a.set.Dialect.Set(set)...)
+		}
+		stmts = append(stmts, a.shape.Guard(a)...)
+	}
+	if a.grants {
+		stmts = append(stmts, Stmt{SQL: sqlgen.Grants.NextID, Args: []any{sqlgen.GrantsTable}, Scan: func(rs RowScanner) error {
+			for rs.Next() {
+				if err := rs.Scan(&a.grantID); err != nil {
+					return err
+				}
+			}
+			return rs.Err()
+		}})
+	}
+	for s, part := range byStorage(a.rows) {
+		if a.mode != SkipLockedNoInsert {
+			stmts = append(stmts, a.shape.Insert(s, part, a)...)
+		}
+		stmts = append(stmts, a.shape.Lock(s, part, a)...)
+	}
+	if a.hasIDs {
+		stmts = append(stmts, a.readIDs()...)
+	}
+	return append(stmts, a.shape.Clock(a)...)
+}
+
+// WithGrants says whether a's statements over rows of s read their grants.
+func (a *Attempt) WithGrants(s Storage) bool { return a.spendsGrants && s == Durable }
+
+// scanInto reads locked rows of storage s, with the clock, and with their
+// grants when withGrants (a row per grant, or one with NULL grant columns).
+func (a *Attempt) scanInto(s Storage) func(RowScanner) error {
+	return a.ScanRows(s, a.WithGrants(s), false)
+}
+
+// ScanRows is scanInto, with grant columns when grants, and with a Citus
+// shard's placement check (shardRows) when placed: a row whose shard this
+// node no longer holds fails the transaction with ErrShardMoved.
+func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) error {
+	return func(rs RowScanner) error {
+		// Scanned into once per statement, not once per row: Scan moves
+		// them to the heap.
+		var (
+			r          Row
+			b          account.Bucket
+			capacity   *int64 // NULL: written by an older release
+			clock      time.Time
+			id, amount *int64 // NULL: no grant
+			exp        *time.Time
+			ledger     *bool
+		)
+		var here int64 // placements of the row's shard on this node
+		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &clock}
+		if placed {
+			dest = append(dest, &here)
+		}
+		if grants {
+			dest = append(dest, &id, &amount, &exp, &ledger)
+		}
+		for rs.Next() {
+			r, b, capacity, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil
+			if err := rs.Scan(dest...); err != nil {
+				return err
+			}
+			if placed && here != 1 {
+				return ErrShardMoved
+			}
+			if capacity != nil {
+				b.Capacity = *capacity
+			}
+			st := a.state[r]
+			if st == nil {
+				st = &account.State{}
+				a.state[r] = st
+			}
+			st.Bucket = b
+			if id != nil {
+				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
+				if exp != nil {
+					g.ExpiresAt = *exp
+				}
+				st.Grants = append(st.Grants, g)
+			}
+			// Rows are locked in order, so the last clock read is after
+			// every lock is held (or by a statement of its own after them,
+			// see citusRow).
+			if clock.After(a.now) {
+				a.now = clock
+			}
+		}
+		return rs.Err()
+	}
+}
+
+// decideAll decides a's requests on the rows open locked: in order, each
+// all or nothing. A request that needs a row a does not hold (skipped, or
+// missing without an INSERT) is deferred, and so is every later request
+// sharing a row with it. Requests whose context has ended are not decided:
+// they spend nothing.
+func (a *Attempt) decideAll(ex Executor) (deferred []*Request, err error) {
+	missing := make(map[Row]bool)
+	for _, r := range a.rows {
+		if _, ok := a.state[r]; !ok {
+			missing[r] = true
+		}
+	}
+	if len(missing) > 0 && a.mode == WaitLocks {
+		// A cleanup deleted rows between our INSERT and SELECT: insert
+		// them again, locked, in this transaction.
+		var again []Row
+		for _, r := range a.rows {
+			if missing[r] {
+				again = append(again, r)
+			}
+		}
+		var stmts []Stmt
+		for s, part := range byStorage(again) {
+			stmts = append(stmts, a.shape.Relock(s, part, a)...)
+		}
+		if err := ex.Pipeline(a.ctx, stmts); err != nil {
+			return nil, err
+		}
+		if len(a.state) < len(a.rows) {
+			return nil, errors.New("pgratelimit: upsert returned no row") // cannot happen
+		}
+		clear(missing)
+	}
+	if a.clock != nil {
+		a.now = a.clock.(time.Time)
+	}
+
+	a.orig = make(map[Row]account.State, len(a.state))
+	for r, st := range a.state {
+		a.orig[r] = account.State{Bucket: st.Bucket, Grants: slices.Clone(st.Grants)}
+	}
+	blocked := missing
+	for _, q := range a.reqs {
+		if err := q.Ctx.Err(); err != nil {
+			q.Err = err // gave up before the decision: nothing spent
+			continue
+		}
+		if len(blocked) > 0 && slices.ContainsFunc(q.Charges, func(c Charge) bool { return blocked[c.Row] }) {
+			deferred = append(deferred, q)
+			for _, c := range q.Charges {
+				blocked[c.Row] = true
+			}
+			continue
+		}
+		q.Err, q.Outcomes, q.Allowed = nil, nil, false
+		a.decide(q)
+	}
+	return deferred, nil
+}
+
+// close returns the statements that end a: the UPDATE of the rows that
+// changed, the grants, request records and ledger rows its decisions wrote,
+// the rows they reset, and COMMIT in an own transaction.
+func (a *Attempt) close() []Stmt {
+	var stmts []Stmt
+	var changed []Row
+	for _, r := range a.rows {
+		if st, ok := a.state[r]; ok && !st.Bucket.Same(a.orig[r].Bucket) && !slices.Contains(a.resets, r) {
+			changed = append(changed, r)
+		}
+	}
+	for s, part := range byStorage(changed) {
+		stmts = append(stmts, a.shape.Update(s, part, a)...)
+	}
+	if grants := a.grantRows(); len(grants) > 0 {
+		stmts = append(stmts, a.shape.Values(sqlgen.Grants.Write, grants, nil)...)
+	}
+	if len(a.records) > 0 {
+		vals := make([][]any, len(a.records))
+		for i, w := range a.records {
+			vals[i] = w.values()
+		}
+		stmts = append(stmts, a.shape.Values(sqlgen.Requests.Write, vals, nil)...)
+	}
+	if len(a.ledger) > 0 {
+		stmts = append(stmts, a.shape.Values(sqlgen.Ledger.Write, a.ledger, nil)...)
+	}
+	for _, r := range a.resets {
+		stmts = append(stmts, Stmt{SQL: r.Storage.Statements().Remove, Args: []any{r.Prefix, r.Key}})
+	}
+	if a.own {
+		stmts = append(stmts, Stmt{SQL: "COMMIT"})
+	}
+	return stmts
+}
+
+// grantRows are the grants whose amounts a's decisions changed, and the new
+// ones, as rows of sqlgen.Grants.Write, in lock order.
+func (a *Attempt) grantRows() [][]any {
+	var out [][]any
+	for _, r := range a.rows {
+		st, ok := a.state[r]
+		if !ok {
+			continue
+		}
+		read := a.orig[r].Grants
+		for _, g := range st.Grants {
+			i := slices.IndexFunc(read, func(o account.Grant) bool { return o.ID == g.ID })
+			if i >= 0 && read[i].Amount == g.Amount {
+				continue
+			}
+			exp, ledger := "", int64(0)
+			if !g.ExpiresAt.IsZero() {
+				exp = g.ExpiresAt.UTC().Format(time.RFC3339Nano)
+			}
+			if g.Ledger {
+				ledger = 1
+			}
+			at := g.GrantedAt
+			if at.IsZero() {
+				at = a.now
+			}
+			out = append(out, []any{r.Prefix, r.Key, g.ID, g.Amount, exp, at, ledger})
+		}
+	}
+	return out
+}
+
+// BatchSettings are the setting pairs of a coalesced batch over many rows
+// (the array shape's, and SkipLocked's lock_timeout), for tests that plan
+// its statements.
+func BatchSettings() []string {
+	return (&Attempt{Plan: &Plan{shape: arrays{}}, mode: SkipLocked}).settingPairs()
+}

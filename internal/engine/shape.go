@@ -1,0 +1,216 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+)
+
+// Shape builds a transaction's statements over the rows of one table
+// (sorted, distinct): the INSERT of missing rows, the locking SELECT (per
+// the attempt's lock mode), the upsert that locks rows a cleanup deleted in
+// between, and the UPDATE of the rows that changed. A plan's shape is chosen
+// once (NewPlan): one row per statement in the caller's transaction and
+// where the dialect says so, arrays otherwise.
+type Shape interface {
+	Insert(s Storage, rows []Row, a *Attempt) []Stmt
+	Lock(s Storage, rows []Row, a *Attempt) []Stmt
+	Relock(s Storage, rows []Row, a *Attempt) []Stmt
+	Update(s Storage, rows []Row, a *Attempt) []Stmt
+	// Values runs sql over rows of values (string, int64 and time.Time
+	// columns), reading what it returns with scan (nil: nothing).
+	Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt
+	// Settings are the setting pairs the shape's statements need in an own
+	// transaction.
+	Settings() []string
+	// Clock reads the database's clock after the locks, if the locking
+	// statements do not.
+	Clock(a *Attempt) []Stmt
+	// Guard is what an own transaction runs before its first row: on a
+	// Citus node, the locks that keep its shards there (shardRows).
+	Guard(a *Attempt) []Stmt
+}
+
+// OneRow sends a statement per row with scalar parameters: cheaper than
+// arrays for a few rows, the shape for a caller's transaction (nothing is
+// planned under the caller's Settings), and the only one a distributed
+// table (Citus) routes to one shard.
+type OneRow struct{}
+
+// Insert inserts the missing rows as placeholders, one statement each.
+func (OneRow) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
+	return perRow(rows, func(r Row) Stmt {
+		return Stmt{SQL: s.Statements().One.Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
+	})
+}
+
+// Lock locks each row, with its grants when a reads them.
+func (OneRow) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
+	sql, scan := a.LockSQL(&s.Statements().One, s), a.scanInto(s)
+	return perRow(rows, func(r Row) Stmt {
+		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan}
+	})
+}
+
+// Relock upserts and locks each row a cleanup deleted meanwhile.
+func (OneRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
+	sql, scan := a.RelockSQL(&s.Statements().One, s), a.scanInto(s)
+	return perRow(rows, func(r Row) Stmt {
+		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan}
+	})
+}
+
+// Update writes each row as decided.
+func (OneRow) Update(s Storage, rows []Row, a *Attempt) []Stmt {
+	return perRow(rows, func(r Row) Stmt {
+		return Stmt{SQL: s.Statements().One.Update, Args: a.UpdateArgs(r)}
+	})
+}
+
+// UpdateArgs are the parameters of the one-row UPDATE of r's bucket as
+// decided.
+func (a *Attempt) UpdateArgs(r Row) []any {
+	b := a.state[r].Bucket
+	return []any{r.Prefix, r.Key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
+}
+
+// Values sends sql once per row of values, times as text.
+func (OneRow) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {
+	stmts := make([]Stmt, len(rows))
+	for i, r := range rows {
+		args := make([]any, len(r))
+		for j, v := range r {
+			if t, ok := v.(time.Time); ok {
+				v = t.UTC().Format(time.RFC3339Nano) // cast from text in SQL, as arrays are
+			}
+			args[j] = v
+		}
+		stmts[i] = Stmt{SQL: sql.One, Args: args, Scan: scan}
+	}
+	return stmts
+}
+
+// Settings: none.
+func (OneRow) Settings() []string { return nil }
+
+// Clock: the locks read it.
+func (OneRow) Clock(*Attempt) []Stmt { return nil }
+
+// Guard: none.
+func (OneRow) Guard(*Attempt) []Stmt { return nil }
+
+func perRow(rows []Row, f func(r Row) Stmt) []Stmt {
+	stmts := make([]Stmt, len(rows))
+	for i, r := range rows {
+		stmts[i] = f(r)
+	}
+	return stmts
+}
+
+// arrays sends one statement over all of a table's rows, its columns as
+// array parameters: a batch of any size costs the same few statements.
+type arrays struct{}
+
+func (arrays) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
+	return []Stmt{{SQL: s.Statements().Many.Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.ClockParam()}}}
+}
+
+func (arrays) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
+	return []Stmt{{SQL: a.LockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.ClockParam()}, Scan: a.scanInto(s)}}
+}
+
+func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
+	return []Stmt{{SQL: a.RelockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.ClockParam()}, Scan: a.scanInto(s)}}
+}
+
+func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
+	return []Stmt{{SQL: s.Statements().Many.Update, Args: []any{
+		prefixArray(rows), keyArray(rows),
+		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Tokens }),
+		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.RefilledAt }),
+		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
+		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
+	}}}
+}
+
+func (arrays) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {
+	args := make([]any, len(rows[0]))
+	for j := range args {
+		switch rows[0][j].(type) {
+		case string:
+			args[j] = sqlgen.TextArray(len(rows), func(i int) string { return rows[i][j].(string) })
+		case int64:
+			args[j] = sqlgen.Int64Array(len(rows), func(i int) int64 { return rows[i][j].(int64) })
+		case time.Time:
+			args[j] = sqlgen.TimeArray(len(rows), func(i int) time.Time { return rows[i][j].(time.Time) })
+		default:
+			panic(fmt.Sprintf("pgratelimit: no array of %T", rows[0][j])) // a bug of ours, not an input
+		}
+	}
+	return []Stmt{{SQL: sql.Many, Args: args, Scan: scan}}
+}
+
+// settings plan the array statements once per connection (a generic plan),
+// and only as nested loops over the arrays with an index lookup per row: the
+// plan that fits a batch whatever the table's size or statistics were when
+// it was made (an empty table's would scan it whole). Planning each batch
+// instead cost a third of the server's time per check.
+func (arrays) Settings() []string {
+	return []string{"plan_cache_mode", "force_generic_plan",
+		"enable_seqscan", "off", "enable_hashjoin", "off", "enable_mergejoin", "off"}
+}
+
+func (arrays) Clock(*Attempt) []Stmt { return nil }
+func (arrays) Guard(*Attempt) []Stmt { return nil }
+
+// LockSQL is the locking statement of ts for a's lock mode, reading grants
+// when a does for rows of s.
+func (a *Attempt) LockSQL(ts *sqlgen.Table, s Storage) string {
+	switch skip := a.mode != WaitLocks; {
+	case a.WithGrants(s) && skip:
+		return ts.LockSkipGrants
+	case a.WithGrants(s):
+		return ts.LockGrants
+	case skip:
+		return ts.LockSkip
+	}
+	return ts.Lock
+}
+
+// RelockSQL is the relock statement of ts, reading grants when a does for
+// rows of s.
+func (a *Attempt) RelockSQL(ts *sqlgen.Table, s Storage) string {
+	if a.WithGrants(s) {
+		return ts.RelockGrants
+	}
+	return ts.Relock
+}
+
+// byStorage yields the parts of sorted rows that share a table, in order.
+func byStorage(rows []Row) func(yield func(Storage, []Row) bool) {
+	return func(yield func(Storage, []Row) bool) {
+		for len(rows) > 0 {
+			n := 1
+			for n < len(rows) && rows[n].Storage == rows[0].Storage {
+				n++
+			}
+			if !yield(rows[0].Storage, rows[:n]) {
+				return
+			}
+			rows = rows[n:]
+		}
+	}
+}
+
+func prefixArray(rows []Row) string {
+	return sqlgen.TextArray(len(rows), func(i int) string { return rows[i].Prefix })
+}
+
+func keyArray(rows []Row) string {
+	return sqlgen.TextArray(len(rows), func(i int) string { return rows[i].Key })
+}
+
+func horizonArray(rows []Row, a *Attempt) string {
+	return sqlgen.TextArray(len(rows), func(i int) string { return a.Interval(rows[i]) })
+}
