@@ -142,13 +142,21 @@ type Config struct {
 	// as long as the context allows.
 	LockTimeout time.Duration
 
-	// AsyncCommit commits the limiter's own transactions with SET LOCAL
-	// synchronous_commit = off: the check does not wait for its commit to be
-	// flushed to disk or replicated. Checks get cheaper, but after a crash of
-	// the database the last moments of spent tokens (up to three times
-	// wal_writer_delay, 600ms by default) may be forgotten, as if refunded.
-	// Meant for Ephemeral storage, where a crash forgets every bucket anyway;
-	// not for credits. Defaults to false.
+	// AsyncCommit commits the limiter's own transactions asynchronously
+	// (synchronous_commit off, for the transaction only: it works through
+	// PgBouncer in transaction mode and on Citus): a check does not wait for
+	// its commit to be flushed to disk or to a synchronous standby. Checks
+	// get cheaper and faster, the table stays logged (it survives a restart
+	// and is on the standbys, so a failover keeps the limits), but after a
+	// crash of the server the last moments of checks (up to three times
+	// wal_writer_delay, 600ms by default) are forgotten, as if refunded:
+	// right for request rates, never for money. So a limiter with Grants or
+	// Ledger refuses it (ErrInvalidConfig), and so does a call with a
+	// request ID (WithRequestID) or Settle. A coalesced batch never mixes
+	// the two modes; AllowAll commits asynchronously only if every charged
+	// limiter does; in the caller's transaction (AllowNTx) the caller's
+	// setting stands. Defaults to false: synchronous, the only mode for
+	// money.
 	AsyncCommit bool
 
 	// DenyCacheSize turns on the deny cache and bounds it: once a key has
@@ -240,6 +248,9 @@ func (c Config) validate() error {
 	}
 	if c.Ledger && c.Storage != Durable {
 		return bad("Ledger needs Storage Durable: a ledger of buckets an ephemeral table forgets would not add up")
+	}
+	if c.AsyncCommit && (c.Grants || c.Ledger) {
+		return bad("AsyncCommit with Grants or Ledger: credits and their ledger must survive a crash (synchronous commit)")
 	}
 	if c.RequestIDRetention < 0 {
 		return bad("RequestIDRetention must be >= 0, got %s", c.RequestIDRetention)
@@ -526,6 +537,9 @@ func (l *Limiter) changeRequest(ctx context.Context, kind account.Kind, key stri
 	if err != nil {
 		return nil, err
 	}
+	if id != "" && l.cfg.AsyncCommit {
+		return nil, errAsyncID(l)
+	}
 	l.client.forgetDenied(l.cfg.Prefix, key)
 	return &engine.Request{Ctx: ctx, Kind: kind, ID: id, Charges: []engine.Charge{l.charge(key, n)}}, nil
 }
@@ -537,4 +551,10 @@ func quoteKey(key string) string { return engine.QuoteKey(key) }
 func resultOf(o account.Outcome) Result {
 	return Result{Allowed: o.Allowed, Limit: o.Limit, Remaining: o.Remaining, RetryAfter: o.RetryAfter,
 		ResetAfter: o.ResetAfter, Granted: o.Granted}
+}
+
+// errAsyncID is the error of a call with a request ID on a limiter with
+// AsyncCommit.
+func errAsyncID(l *Limiter) error {
+	return fmt.Errorf("%w: a request ID on prefix %q, whose limiter has AsyncCommit: an exactly-once charge must survive a crash (synchronous commit)", ErrInvalidConfig, l.cfg.Prefix)
 }

@@ -160,6 +160,9 @@ func (cl *call) add(i int, c Charge, first *Limiter) error {
 	case l.client.pool != first.client.pool:
 		return fmt.Errorf("%w: charge %d's Limiter uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
 	}
+	if cl.q.ID != "" && l.cfg.AsyncCommit {
+		return errAsyncID(l)
+	}
 	if err := validateKey(c.Key); err != nil {
 		return err
 	}
