@@ -36,7 +36,11 @@ func (a *Attempt) decide(q *Request) {
 	allowed := true
 	for i, c := range q.Charges {
 		var err error
-		news[i], changes[i], err = account.Apply(c.Policy, *a.state[c.Row], a.now, q.op(c, a.grantID))
+		if c.Part != nil {
+			changes[i].Outcome, err = c.Part.Decide(a, q, c)
+		} else {
+			news[i], changes[i], err = account.Apply(c.Policy, *a.state[c.Row], a.now, q.op(c, a.grantID))
+		}
 		if err != nil {
 			q.Err = requestError(err, q, c)
 			return
@@ -46,11 +50,22 @@ func (a *Attempt) decide(q *Request) {
 	outs := make([]account.Outcome, len(q.Charges))
 	for i, c := range q.Charges {
 		outs[i] = changes[i].Outcome
-		if !allowed && changes[i].Allowed {
-			// This bucket had enough, another did not: nothing is taken.
-			outs[i] = account.Look(c.Policy, *a.state[c.Row], a.now, c.Cost)
+		var before account.Outcome
+		if c.Part == nil && (c.Observer != nil || !allowed && changes[i].Allowed) {
+			before = account.Look(c.Policy, *a.state[c.Row], a.now, c.Cost)
 		}
-		if allowed {
+		if !allowed && changes[i].Allowed && c.Part == nil {
+			// This bucket had enough, another did not: nothing is taken.
+			outs[i] = before
+		}
+		if c.Observer != nil {
+			c.Observer.Observe(a, q, c, before, changes[i], allowed)
+		}
+		switch {
+		case !allowed:
+		case c.Part != nil:
+			c.Part.Take(a, q, c)
+		default:
 			a.apply(q, c, news[i], changes[i])
 		}
 	}
@@ -63,14 +78,18 @@ func (a *Attempt) replays(q *Request) error {
 	if q.ID == "" || len(q.Charges) < 2 {
 		return nil
 	}
-	n := 0
+	n, balances := 0, 0
 	for _, c := range q.Charges {
+		if c.Part != nil {
+			continue // a part keeps its own record of the ID
+		}
+		balances++
 		if rec, ok := a.state[c.Row].Records[q.ID]; ok && rec.Live(a.now) {
 			n++
 		}
 	}
-	if n > 0 && n < len(q.Charges) {
-		return fmt.Errorf("%w: request %q names a call on %d of its %d buckets", account.ErrRequestMismatch, q.ID, n, len(q.Charges))
+	if n > 0 && n < balances {
+		return fmt.Errorf("%w: request %q names a call on %d of its %d buckets", account.ErrRequestMismatch, q.ID, n, balances)
 	}
 	return nil
 }

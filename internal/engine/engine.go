@@ -86,6 +86,11 @@ type Charge struct {
 	Grants    bool          // the key's grants are part of its account
 	Ledger    bool          // write ledger entries
 	Retention time.Duration // how long the bucket remembers request IDs
+	// Part, when set, decides the charge instead of the account model: the
+	// row is then only the key's lock (see Part).
+	Part Part
+	// Observer, when set, watches the charge as it is decided.
+	Observer Observer
 }
 
 // Request is one call: one or more charges decided together, all or

@@ -49,7 +49,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 		for _, c := range q.Charges {
 			p.rows = append(p.rows, c.Row)
 			p.spendsGrants = p.spendsGrants || c.Grants
-			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge {
+			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge && c.Part == nil {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
 				p.horizons[c.Row] = c.Policy.Horizon(c.Cost)
@@ -92,6 +92,7 @@ type Attempt struct {
 	records []recordWrite // request records, new or settled
 	ledger  [][]any       // ledger rows
 	resets  []Row         // rows to delete
+	locals  map[any]any   // the parts' and observers' state (Local)
 }
 
 func (p *Plan) attempt(ctx context.Context, mode LockMode) *Attempt {
@@ -143,6 +144,10 @@ func (a *Attempt) open() []Stmt {
 	}
 	if a.hasIDs {
 		stmts = append(stmts, a.readIDs()...)
+	}
+	parts, of := a.parts()
+	for _, p := range parts {
+		stmts = append(stmts, p.Read(a, of[p])...)
 	}
 	return append(stmts, a.shape.Clock(a)...)
 }
@@ -304,6 +309,13 @@ func (a *Attempt) close() []Stmt {
 	}
 	for _, r := range a.resets {
 		stmts = append(stmts, Stmt{SQL: r.Storage.Statements().Remove, Args: []any{r.Prefix, r.Key}})
+	}
+	parts, _ := a.parts()
+	for _, p := range parts {
+		stmts = append(stmts, p.Write(a)...)
+	}
+	for _, o := range a.observers() {
+		stmts = append(stmts, o.Write(a)...)
 	}
 	if a.own {
 		stmts = append(stmts, Stmt{SQL: "COMMIT"})

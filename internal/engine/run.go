@@ -46,6 +46,11 @@ func RunIn(ctx context.Context, ex Executor, p *Plan) error {
 	if _, err := a.decideAll(ex); err != nil {
 		return err
 	}
+	if follow := a.follow(); len(follow) > 0 {
+		if err := ex.Pipeline(ctx, follow); err != nil {
+			return err
+		}
+	}
 	return ex.Pipeline(ctx, a.close())
 }
 
@@ -121,6 +126,11 @@ func RunChain(ctx context.Context, pool *pgxpool.Pool, first *Plan, ch Chain) {
 			opened = true
 		}
 		deferred, err := cur.decideAll(ex)
+		if err == nil {
+			if follow := cur.follow(); len(follow) > 0 {
+				err = ex.Pipeline(cur.ctx, follow)
+			}
+		}
 		if err != nil {
 			if !fail(err) {
 				return

@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
+)
+
+// Parts and observers are how capabilities beyond a balance join the one
+// transaction shape without flags in the engine: a Part decides charges of
+// its own kind (a concurrency lease: internal/lease) on rows the engine
+// locks, all or nothing with a request's other charges; an Observer watches
+// the balance charges it is attached to as they are decided (usage alerts:
+// internal/alert). Each brings its own statements: reads in the first round
+// trip, after the locks; for an observer, reads between decision and close,
+// in a round trip of their own only when it has any; writes before COMMIT.
+
+// Part decides the charges of a kind other than a balance's (Charge.Part):
+// the engine locks their rows as any bucket's (the row is then the key's
+// lock: its balance is not touched) and leaves the rest to the Part.
+type Part interface {
+	// Read returns the statements, run in the first round trip after the
+	// rows are locked, that read what Decide needs of cs, the charges of
+	// the attempt's requests that are this part's (a holds their rows,
+	// unless deferred).
+	Read(a *Attempt, cs []Charge) []Stmt
+	// Decide decides c, a charge of q: its outcome, and whether it may be
+	// taken (Outcome.Allowed). It changes nothing yet; an error fails q
+	// alone.
+	Decide(a *Attempt, q *Request, c Charge) (account.Outcome, error)
+	// Take makes the decision of c, allowed with all of q's other
+	// charges, q's own: it notes what to write.
+	Take(a *Attempt, q *Request, c Charge)
+	// Write returns the statements that write what Take noted, before
+	// COMMIT.
+	Write(a *Attempt) []Stmt
+}
+
+// Observer watches the balance charges it is attached to
+// (Charge.Observer).
+type Observer interface {
+	// Observe is told that c of q was decided: before is what a check of
+	// c's cost would have found just before it, ch what the account model
+	// decided, taken whether q as a whole was taken.
+	Observe(a *Attempt, q *Request, c Charge, before account.Outcome, ch account.Change, taken bool)
+	// Follow returns statements to run once every request of a is
+	// decided, before a closes (a round trip of their own, only when some
+	// observer has any), reading what Write needs.
+	Follow(a *Attempt) []Stmt
+	// Write returns the statements to write before COMMIT.
+	Write(a *Attempt) []Stmt
+}
+
+// Now is the clock of a's decisions: the database's, read after the locks,
+// or the limiters' Config.Clock.
+func (a *Attempt) Now() time.Time { return a.now }
+
+// Held says whether a holds r's lock (r was not skipped).
+func (a *Attempt) Held(r Row) bool { return a.state[r] != nil }
+
+// Own says whether a is a transaction of its own (else the caller's).
+func (a *Attempt) Own() bool { return a.own }
+
+// Local returns the value that owner (a Part or an Observer) keeps in a,
+// made by mk the first time: its state for one try of a transaction.
+func (a *Attempt) Local(owner any, mk func() any) any {
+	if v, ok := a.locals[owner]; ok {
+		return v
+	}
+	if a.locals == nil {
+		a.locals = make(map[any]any, 1)
+	}
+	v := mk()
+	a.locals[owner] = v
+	return v
+}
+
+// parts returns the distinct parts of a's charges, in the order they
+// first come, each with its charges.
+func (a *Attempt) parts() ([]Part, map[Part][]Charge) {
+	var order []Part
+	var of map[Part][]Charge
+	for _, q := range a.reqs {
+		for _, c := range q.Charges {
+			if c.Part == nil {
+				continue
+			}
+			if of == nil {
+				of = make(map[Part][]Charge)
+			}
+			if _, ok := of[c.Part]; !ok {
+				order = append(order, c.Part)
+			}
+			of[c.Part] = append(of[c.Part], c)
+		}
+	}
+	return order, of
+}
+
+// observers returns the distinct observers of a's charges, in the order
+// they first come.
+func (a *Attempt) observers() []Observer {
+	var out []Observer
+	for _, q := range a.reqs {
+		for _, c := range q.Charges {
+			if c.Observer != nil && !containsObserver(out, c.Observer) {
+				out = append(out, c.Observer)
+			}
+		}
+	}
+	return out
+}
+
+func containsObserver(os []Observer, o Observer) bool {
+	for _, x := range os {
+		if x == o {
+			return true
+		}
+	}
+	return false
+}
+
+// follow returns the statements of a's observers to run between decision
+// and close.
+func (a *Attempt) follow() []Stmt {
+	var stmts []Stmt
+	for _, o := range a.observers() {
+		stmts = append(stmts, o.Follow(a)...)
+	}
+	return stmts
+}
