@@ -520,7 +520,10 @@ func TestMoneyWalkUnderFaults(t *testing.T) {
 }
 
 // TestMoneyWalkThroughPgBouncer walks through PgBouncer in transaction
-// mode, with faults.
+// mode, with short deadlines (pgx cancels the statements in flight).
+// Not with terminated backends: PgBouncer 1.18 (Debian 12's) exits with
+// "server_proto: server in bad state" when a server connection it is
+// reading a pipeline from is terminated, which no client can cure.
 func TestMoneyWalkThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	url := testdb.PgBouncer(t)
@@ -530,18 +533,22 @@ func TestMoneyWalkThroughPgBouncer(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	var db string
-	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db))
-	admin := testdb.NewSchema(t).Pool(t, 2)
-	walkFaults(t, pool, admin, "datname = '"+db+"'")
+	walkFaults(t, pool, nil, "")
 }
 
+// walkFaults walks with a short deadline on a third of the operations with
+// request IDs and, when which names this walk's backends, a terminated
+// backend on another third.
 func walkFaults(t *testing.T, pool, admin *pgxpool.Pool, which string) {
 	rng := mrand.New(mrand.NewPCG(walkSeed(t), 7))
 	var mu sync.Mutex
+	kinds := 3
+	if which == "" {
+		kinds = 1
+	}
 	walk(t, pool, func() (context.Context, context.CancelFunc) {
 		mu.Lock()
-		n, d := rng.IntN(3), time.Duration(rng.IntN(2000))*time.Microsecond
+		n, d := rng.IntN(kinds), time.Duration(rng.IntN(2000))*time.Microsecond
 		mu.Unlock()
 		switch n {
 		case 0:

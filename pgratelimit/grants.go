@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
-	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -66,41 +65,26 @@ func (l *Limiter) Grant(ctx context.Context, key string, amount int64, expiresAt
 	if err != nil {
 		return Grant{}, err
 	}
-	if err := l.client.run(q, l.settings(), nil, false, "grant to "+quoteKey(key)); err != nil {
+	if err := l.run(q, l.settings(), false, "grant to "+quoteKey(key)); err != nil {
 		return Grant{}, err
 	}
 	return grantOf(q.Grant), nil
 }
 
-// GrantTx is Grant inside the caller's transaction tx: the grant exists
-// only if tx commits, so a purchase and its credits commit together.
+// GrantTx is Grant in the caller's transaction tx:
+// l.In(PgxTx(tx)).Grant(ctx, key, amount, expiresAt).
+//
+// Deprecated: use In, which runs every operation in a transaction.
 func (l *Limiter) GrantTx(ctx context.Context, tx pgx.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	var ex engine.Executor
-	if tx != nil {
-		ex = engine.PgxExecutor{Q: tx}
-	}
-	return l.grantIn(ctx, ex, key, amount, expiresAt)
+	return l.In(PgxTx(tx)).Grant(ctx, key, amount, expiresAt)
 }
 
-// GrantSQLTx is GrantTx for a database/sql transaction, with any PostgreSQL
-// driver.
+// GrantSQLTx is Grant in the caller's database/sql transaction tx:
+// l.In(SQLTx(tx)).Grant(ctx, key, amount, expiresAt).
+//
+// Deprecated: use In, which runs every operation in a transaction.
 func (l *Limiter) GrantSQLTx(ctx context.Context, tx *sql.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	var ex engine.Executor
-	if tx != nil {
-		ex = engine.SQLExecutor{Tx: tx}
-	}
-	return l.grantIn(ctx, ex, key, amount, expiresAt)
-}
-
-func (l *Limiter) grantIn(ctx context.Context, ex engine.Executor, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	q, err := l.grantRequest(ctx, key, amount, expiresAt)
-	if err != nil {
-		return Grant{}, err
-	}
-	if err := l.runIn(ctx, ex, q, l.settings(), "grant to "+quoteKey(key)+" in transaction"); err != nil {
-		return Grant{}, err
-	}
-	return grantOf(q.Grant), nil
+	return l.In(SQLTx(tx)).Grant(ctx, key, amount, expiresAt)
 }
 
 // grantRequest is the request of a grant, checked.
@@ -132,49 +116,19 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	if !l.client.gate.enter() {
-		return nil, ErrClosed
-	}
-	defer l.client.gate.leave()
 	var (
-		gs  []account.Grant
+		st  account.State
 		now time.Time
 	)
-	b := &pgx.Batch{}
-	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.Param()).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&now)
-	})
-	b.Queue(sqlgen.Grants.List, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
-		var err error
-		gs, err = scanGrants(rows)
-		return err
-	})
-	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
-		return nil, engine.DBError("list the grants of "+quoteKey(key), err)
+	if err := l.read(ctx, "list the grants of "+quoteKey(key), engine.ReadGrants(l.row(key), l.clock.Param(), &st, &now)); err != nil {
+		return nil, err
 	}
-	slices.SortFunc(gs, account.CompareGrants)
+	slices.SortFunc(st.Grants, account.CompareGrants)
 	var out []Grant
-	for _, g := range gs {
+	for _, g := range st.Grants {
 		if g.Live(now) {
 			out = append(out, grantOf(g))
 		}
 	}
 	return out, nil
-}
-
-// scanGrants reads rows of sqlgen.Grants.List.
-func scanGrants(rows pgx.Rows) ([]account.Grant, error) {
-	var gs []account.Grant
-	for rows.Next() {
-		var g account.Grant
-		var exp *time.Time
-		if err := rows.Scan(&g.ID, &g.Amount, &exp, &g.GrantedAt, &g.Ledger); err != nil {
-			return nil, err
-		}
-		if exp != nil {
-			g.ExpiresAt = *exp
-		}
-		gs = append(gs, g)
-	}
-	return gs, rows.Err()
 }

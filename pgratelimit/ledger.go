@@ -44,7 +44,7 @@ func (l *Limiter) Settle(ctx context.Context, key, requestID string, actual int6
 		return Result{}, err
 	}
 	q.Actual = actual
-	if err := l.client.run(q, l.settings(), nil, false, "settle "+quoteKey(key)); err != nil {
+	if err := l.run(q, l.settings(), false, "settle "+quoteKey(key)); err != nil {
 		return Result{}, err
 	}
 	return resultOf(q.Outcomes[0]), nil
@@ -104,26 +104,19 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	if !l.client.gate.enter() {
-		return nil, ErrClosed
-	}
-	defer l.client.gate.leave()
-	what := "read the ledger of " + quoteKey(key)
-	rows, err := l.client.pool.Query(ctx, sqlgen.Ledger.List, l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano))
-	if err != nil {
-		return nil, engine.DBError(what, err)
-	}
-	defer rows.Close()
 	var es []LedgerEntry
-	for rows.Next() {
-		var e LedgerEntry
-		if err := rows.Scan(&e.ID, &e.At, &e.Amount, &e.Kind, &e.RequestID, &e.Balance, &e.GrantsAmount, &e.Granted); err != nil {
-			return nil, engine.DBError(what, err)
+	list := engine.Stmt{SQL: sqlgen.Ledger.List, Args: []any{l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano)}, Scan: func(rs engine.RowScanner) error {
+		for rs.Next() {
+			var e LedgerEntry
+			if err := rs.Scan(&e.ID, &e.At, &e.Amount, &e.Kind, &e.RequestID, &e.Balance, &e.GrantsAmount, &e.Granted); err != nil {
+				return err
+			}
+			es = append(es, e)
 		}
-		es = append(es, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, engine.DBError(what, err)
+		return rs.Err()
+	}}
+	if err := l.read(ctx, "read the ledger of "+quoteKey(key), []engine.Stmt{list}); err != nil {
+		return nil, err
 	}
 	return es, nil
 }

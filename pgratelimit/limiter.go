@@ -9,7 +9,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 	"go.opentelemetry.io/otel/metric"
@@ -299,6 +298,7 @@ type Limiter struct {
 	cfg     Config
 	p       account.Policy
 	clock   *engine.Clock // nil: the database's
+	tx      *Tx           // the caller's transaction (In); nil: the limiter's own
 	deny    *denyCache    // nil: off (Config.DenyCacheSize)
 	log     *slog.Logger
 	metrics *instruments
@@ -413,7 +413,7 @@ func (l *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // commits may have spent its tokens without saying so (never the reverse).
 func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, error) {
 	var sent time.Time
-	if l.deny != nil {
+	if l.deny != nil && l.tx == nil {
 		start := time.Now()
 		sent = l.localNow()
 		if r, ok := l.deny.lookup(key, cost, sent); ok {
@@ -425,7 +425,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, e
 	if err != nil {
 		return Result{}, err
 	}
-	if l.deny != nil && !m.Allowed {
+	if l.deny != nil && l.tx == nil && !m.Allowed {
 		l.deny.store(key, cost, m.Results[0], sent)
 	}
 	return m.Results[0], nil
@@ -459,39 +459,32 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}
-	if !l.client.gate.enter() {
-		return Result{}, ErrClosed
-	}
-	defer l.client.gate.leave()
 	var (
-		st         account.State
-		tokens     *int64
-		refilledAt *time.Time
-		expiresAt  *time.Time
-		capacity   *int64
-		now        time.Time
+		st  account.State
+		now time.Time
 	)
-	b := &pgx.Batch{}
-	b.Queue(l.cfg.Storage.statements().Peek, l.cfg.Prefix, key, l.clock.Param()).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&tokens, &refilledAt, &expiresAt, &capacity, &now)
-	})
-	if l.cfg.Grants {
-		b.Queue(sqlgen.Grants.List, l.cfg.Prefix, key).Query(func(rows pgx.Rows) error {
-			var err error
-			st.Grants, err = scanGrants(rows)
-			return err
-		})
-	}
-	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
-		return Result{}, engine.DBError("peek "+quoteKey(key), err)
-	}
-	if tokens != nil {
-		st.Bucket = account.Bucket{Tokens: *tokens, RefilledAt: *refilledAt, ExpiresAt: *expiresAt}
-		if capacity != nil {
-			st.Bucket.Capacity = *capacity
-		}
+	if err := l.read(ctx, "peek "+quoteKey(key), engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now)); err != nil {
+		return Result{}, err
 	}
 	return resultOf(account.Look(l.p, st, now, 1)), nil
+}
+
+// read runs reads of l's: in l's transaction (In), else on the pool.
+func (l *Limiter) read(ctx context.Context, what string, stmts []engine.Stmt) error {
+	ex := engine.Executor(engine.PgxExecutor{Q: l.client.pool})
+	if l.tx != nil {
+		if ex = l.tx.ex; ex == nil {
+			return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+		}
+	}
+	if !l.client.gate.enter() {
+		return ErrClosed
+	}
+	defer l.client.gate.leave()
+	if err := ex.Pipeline(ctx, stmts); err != nil {
+		return engine.DBError(what, err)
+	}
+	return nil
 }
 
 // Reset makes key's bucket full again by deleting its row (its refills keep
@@ -525,7 +518,7 @@ func (l *Limiter) change(ctx context.Context, kind account.Kind, key string, n i
 	if err != nil {
 		return Result{}, err
 	}
-	if err := l.client.run(q, l.settings(), l.metrics.batchSize, false, what); err != nil {
+	if err := l.run(q, l.settings(), false, what); err != nil {
 		return Result{}, err
 	}
 	return resultOf(q.Outcomes[0]), nil

@@ -63,7 +63,7 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 		return MultiResult{}, err
 	}
 	var m MultiResult
-	err = first.client.run(cl.q, settingsOf(charges), first.metrics.batchSize, coalesces(charges), "check")
+	err = first.run(cl.q, settingsOf(charges), coalesces(charges), "check")
 	if err == nil {
 		m = cl.result()
 	}
@@ -159,6 +159,8 @@ func (cl *call) add(i int, c Charge, first *Limiter) error {
 		return fmt.Errorf("%w: charge %d has a nil Limiter", ErrInvalidConfig, i)
 	case l.client.pool != first.client.pool:
 		return fmt.Errorf("%w: charge %d's Limiter uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
+	case l.tx != nil && (first.tx == nil || *l.tx != *first.tx):
+		return fmt.Errorf("%w: charge %d's Limiter runs in another transaction (In) than charge 0's; AllowAll runs in charge 0's", ErrInvalidConfig, i)
 	}
 	if cl.q.ID != "" && l.cfg.AsyncCommit {
 		return errAsyncID(l)

@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
-	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
@@ -120,33 +118,14 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 	if _, err := checkRequestID(requestID); err != nil {
 		return RequestRecord{}, err
 	}
-	if !l.client.gate.enter() {
-		return RequestRecord{}, ErrClosed
-	}
-	defer l.client.gate.leave()
 	var (
 		rec   account.Record
 		found bool
 		now   time.Time
 	)
-	b := &pgx.Batch{}
-	b.Queue(`SELECT COALESCE($1::timestamptz, clock_timestamp())`, l.clock.Param()).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&now)
-	})
-	b.Queue(sqlgen.Requests.Get, l.cfg.Prefix, key, requestID).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var prefix, k, id string
-			var err error
-			if rec, err = engine.ScanRecord(rows, []any{&prefix, &k, &id}, l.p.Capacity); err != nil {
-				return err
-			}
-			found = true
-		}
-		return rows.Err()
-	})
 	what := "look up request " + strconv.Quote(requestID) + " of " + quoteKey(key)
-	if err := l.client.pool.SendBatch(ctx, b).Close(); err != nil {
-		return RequestRecord{}, engine.DBError(what, err)
+	if err := l.read(ctx, what, engine.ReadRecord(l.row(key), requestID, l.clock.Param(), l.p.Capacity, &rec, &found, &now)); err != nil {
+		return RequestRecord{}, err
 	}
 	if !found || !rec.Live(now) {
 		return RequestRecord{}, fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, requestID, quoteKey(key), l.cfg.Prefix)

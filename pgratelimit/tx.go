@@ -4,87 +4,99 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
-// AllowNTx is AllowN inside the caller's transaction tx: the tokens are spent
-// only if tx commits, so a service can charge credits atomically with its own
-// write (and a rollback gives them back). It sends the same statements as
-// AllowN, without BEGIN and COMMIT, and never coalesces.
+// Tx is the caller's own transaction, from pgx (PgxTx) or database/sql
+// (SQLTx, any PostgreSQL driver), for Limiter.In: the one way to run any
+// operation in it.
+type Tx struct{ ex engine.Executor }
+
+// PgxTx is tx as a Tx.
+func PgxTx(tx pgx.Tx) Tx {
+	if tx == nil {
+		return Tx{}
+	}
+	return Tx{engine.PgxExecutor{Q: tx}}
+}
+
+// SQLTx is tx, a database/sql transaction of any PostgreSQL driver (pgx's
+// stdlib, lib/pq, ...), as a Tx. GORM exposes its *sql.Tx as
+// db.Begin().Statement.ConnPool.(*sql.Tx), bun as bun.Tx.Tx, and sqlc code
+// takes the *sql.Tx you begin yourself.
+func SQLTx(tx *sql.Tx) Tx {
+	if tx == nil {
+		return Tx{}
+	}
+	return Tx{engine.SQLExecutor{Tx: tx}}
+}
+
+// In returns l running every operation in tx, the caller's own transaction:
+// AllowN, Allow, Wait, AllowAll (when the first charge's limiter is l),
+// Refund, Debit, Settle, Grant, Reset, and the reads Peek, Grants, Ledger
+// and LookupRequest. What they write is written only if tx commits, so a
+// service charges credits atomically with its own write (and a rollback
+// gives them back), and a purchase and its grant commit together. They send
+// the same statements as without tx, one row per statement, without BEGIN
+// and COMMIT, never coalesced, never denied by the deny cache; tx's
+// isolation and lock_timeout apply (Config.LockTimeout and AsyncCommit do
+// not).
 //
-// The bucket's row stays locked until tx ends, so other checks of the same key
-// wait for it (checks of other keys do not): keep such transactions short.
-// Under REPEATABLE READ or SERIALIZABLE a concurrent check of the same key
-// makes this one fail with a serialization error (SQLSTATE 40001); retry the
-// transaction as for any other. On an error the transaction is in a failed
-// state: roll it back.
+// The rows they lock stay locked until tx ends, so other operations on the
+// same keys wait for it (those of other keys do not): keep such
+// transactions short. Under REPEATABLE READ or SERIALIZABLE a concurrent
+// check of the same key makes one fail with a serialization error (SQLSTATE
+// 40001); retry the transaction as for any other. On an error the
+// transaction is in a failed state: roll it back. A zero Tx (a nil
+// transaction) makes every operation ErrInvalidConfig. The returned limiter
+// costs a copy of l: make one per transaction.
+func (l *Limiter) In(tx Tx) *Limiter {
+	c := *l
+	c.tx = &tx
+	return &c
+}
+
+// AllowNTx is AllowN in the caller's transaction tx:
+// l.In(PgxTx(tx)).AllowN(ctx, key, cost).
+//
+// Deprecated: use In, which runs every operation in a transaction.
 func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int64) (Result, error) {
-	var ex engine.Executor
-	if tx != nil {
-		ex = engine.PgxExecutor{Q: tx}
-	}
-	return l.allowInTx(ctx, ex, key, cost)
+	return l.In(PgxTx(tx)).AllowN(ctx, key, cost)
 }
 
-// AllowNSQLTx is AllowNTx for a database/sql transaction, with any
-// PostgreSQL driver (pgx's stdlib, lib/pq, ...): the same statements in tx,
-// spent only if tx commits, the row lock held until then. GORM exposes its
-// *sql.Tx as db.Begin().Statement.ConnPool.(*sql.Tx), bun as bun.Tx.Tx, and
-// sqlc code takes the *sql.Tx you begin yourself.
+// AllowNSQLTx is AllowN in the caller's database/sql transaction tx:
+// l.In(SQLTx(tx)).AllowN(ctx, key, cost).
+//
+// Deprecated: use In, which runs every operation in a transaction.
 func (l *Limiter) AllowNSQLTx(ctx context.Context, tx *sql.Tx, key string, cost int64) (Result, error) {
-	var ex engine.Executor
-	if tx != nil {
-		ex = engine.SQLExecutor{Tx: tx}
-	}
-	return l.allowInTx(ctx, ex, key, cost)
+	return l.In(SQLTx(tx)).AllowN(ctx, key, cost)
 }
 
-func (l *Limiter) allowInTx(ctx context.Context, ex engine.Executor, key string, cost int64) (Result, error) {
-	m, err := allowAllIn(ctx, ex, "check "+quoteKey(key)+" in transaction", Charge{Limiter: l, Key: key, Cost: cost})
-	if err != nil {
-		return Result{}, err
-	}
-	return m.Results[0], nil
-}
-
-// AllowAllTx is AllowAll inside the caller's transaction tx: every charge is
-// spent only if tx commits. The rows stay locked until tx ends; see AllowNTx.
+// AllowAllTx is AllowAll in the caller's transaction tx.
+//
+// Deprecated: use AllowAll with a first charge's limiter made by In.
 func AllowAllTx(ctx context.Context, tx pgx.Tx, charges ...Charge) (MultiResult, error) {
-	var ex engine.Executor
-	if tx != nil {
-		ex = engine.PgxExecutor{Q: tx}
-	}
-	return allowAllIn(ctx, ex, "AllowAll in transaction", charges...)
+	return allowAllIn(ctx, PgxTx(tx), charges)
 }
 
-// AllowAllSQLTx is AllowAllTx for a database/sql transaction (see
-// AllowNSQLTx).
+// AllowAllSQLTx is AllowAll in the caller's database/sql transaction tx.
+//
+// Deprecated: use AllowAll with a first charge's limiter made by In.
 func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiResult, error) {
-	var ex engine.Executor
-	if tx != nil {
-		ex = engine.SQLExecutor{Tx: tx}
-	}
-	return allowAllIn(ctx, ex, "AllowAll in transaction", charges...)
+	return allowAllIn(ctx, SQLTx(tx), charges)
 }
 
-// allowAllIn runs the charges in the caller's transaction.
-func allowAllIn(ctx context.Context, ex engine.Executor, what string, charges ...Charge) (MultiResult, error) {
-	start := time.Now()
-	cl, first, err := newCall(ctx, charges)
-	if err != nil {
-		recordInvalid(ctx, start, charges)
-		return MultiResult{}, err
+// allowAllIn is AllowAll in tx.
+func allowAllIn(ctx context.Context, tx Tx, charges []Charge) (MultiResult, error) {
+	if len(charges) > 0 && charges[0].Limiter != nil {
+		cs := make([]Charge, len(charges))
+		copy(cs, charges)
+		cs[0].Limiter = cs[0].Limiter.In(tx)
+		charges = cs
 	}
-	var m MultiResult
-	err = first.runIn(ctx, ex, cl.q, settingsOf(charges), what)
-	if err == nil {
-		m = cl.result()
-	}
-	record(ctx, start, m, err, charges)
-	return m, err
+	return AllowAll(ctx, charges...)
 }
 
 // runIn runs q in the caller's transaction on ex with the settings set:
@@ -103,7 +115,16 @@ func (l *Limiter) runIn(ctx context.Context, ex engine.Executor, q *engine.Reque
 		set.Dialect = *known
 	}
 	if err := engine.RunIn(ctx, ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
-		return engine.DBError(what, err)
+		return engine.DBError(what+" in transaction", err)
 	}
 	return q.Result()
+}
+
+// run runs q as l's operation: in l's transaction (In), else in one of the
+// client's, coalesced when coalesce. seen is told a coalesced batch's size.
+func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, what string) error {
+	if l.tx != nil {
+		return l.runIn(q.Ctx, l.tx.ex, q, set, what)
+	}
+	return l.client.run(q, set, l.metrics.batchSize, coalesce, what)
 }

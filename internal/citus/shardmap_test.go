@@ -74,10 +74,13 @@ func TestShardMapCitus(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := citusSchema(t)
-	// colocate_with 'none': no other test's shard moves move these.
+	// colocate_with 'none' and a shard count of their own: no other test's
+	// tables join their group (Citus puts a table of default colocation in
+	// the first matching group, and creating one locks the group against
+	// the shard move below), and no other test's shard moves move these.
 	for _, stmt := range []string{
 		`CREATE TABLE t (prefix text COLLATE "C", key text COLLATE "C", PRIMARY KEY (prefix, key))`,
-		`SELECT create_distributed_table('t', 'key', colocate_with => 'none')`,
+		`SELECT create_distributed_table('t', 'key', colocate_with => 'none', shard_count => 7)`,
 		`CREATE TABLE by_prefix (prefix text, key text, PRIMARY KEY (prefix, key))`,
 		`SELECT create_distributed_table('by_prefix', 'prefix', colocate_with => 'none')`,
 		`CREATE TABLE ref (key text PRIMARY KEY)`,

@@ -95,12 +95,30 @@ func PgBouncer(t testing.TB) string {
 			t.Fatal(err)
 		}
 	}
-	port := freeTCPPort(t)
 	server := direct.Config
 	target := fmt.Sprintf("host=%s port=%d user=%s", server.Host, server.Port, server.User)
 	if server.Password != "" {
 		target += " password=" + server.Password
 	}
+	// A free port can be taken by another test's PgBouncer between our
+	// look and its bind: then ours exits, and we try another port.
+	var addr string
+	for try := 0; ; try++ {
+		var err error
+		if addr, err = startPgBouncer(t, bin, dir, target, server.User, cred); err == nil {
+			break
+		} else if try == 4 {
+			t.Fatal(err)
+		}
+	}
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", server.User, addr, dbName)
+}
+
+// startPgBouncer starts a PgBouncer on a free port with its files in dir,
+// and returns its address once it listens there, or an error if it exited
+// (its port taken meanwhile) or never listened.
+func startPgBouncer(t testing.TB, bin, dir, target, user string, cred *syscall.Credential) (string, error) {
+	port := freeTCPPort(t)
 	ini := fmt.Sprintf(`[databases]
 * = %s
 
@@ -118,7 +136,7 @@ pidfile = %s
 `, target, port, filepath.Join(dir, "users.txt"), filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
 	for name, content := range map[string]string{
 		"pgbouncer.ini": ini,
-		"users.txt":     fmt.Sprintf("%q \"\"\n", server.User),
+		"users.txt":     fmt.Sprintf("%q \"\"\n", user),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
@@ -132,32 +150,43 @@ pidfile = %s
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting pgbouncer: %v", err)
 	}
-	t.Cleanup(func() {
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGINT)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			<-exited
 		}
-	})
+	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
-			break
+			select {
+			case <-exited: // another one listens there
+			case <-time.After(100 * time.Millisecond):
+				t.Cleanup(stop)
+				return addr, nil
+			}
+		}
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+			return "", fmt.Errorf("pgbouncer exited (port %d taken?):\n%s", port, log)
+		default:
 		}
 		if time.Now().After(deadline) {
+			stop()
 			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
-			t.Fatalf("pgbouncer did not start listening on %s: %v\n%s", addr, err, log)
+			return "", fmt.Errorf("pgbouncer did not start listening on %s: %v\n%s", addr, err, log)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", server.User, addr, dbName)
 }
 
 func freeTCPPort(t testing.TB) int {

@@ -1,0 +1,98 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+)
+
+// Reads: what Peek, Grants and LookupRequest read, as statements any
+// Executor runs (a pool's, or the caller's transaction), locking nothing.
+
+// ReadState returns the statements that read r's account into st (its
+// bucket, and its grants with credits left when grants), and the clock
+// (clock, or the database's) into now.
+func ReadState(r Row, clock any, grants bool, st *account.State, now *time.Time) []Stmt {
+	stmts := []Stmt{readBucket(r, clock, st, now)}
+	if grants {
+		stmts = append(stmts, readGrants(r, st))
+	}
+	return stmts
+}
+
+// ReadGrants returns the statements that read r's grants with credits left
+// into st, and the clock (clock, or the database's) into now.
+func ReadGrants(r Row, clock any, st *account.State, now *time.Time) []Stmt {
+	return []Stmt{readClock(clock, now), readGrants(r, st)}
+}
+
+func readBucket(r Row, clock any, st *account.State, now *time.Time) Stmt {
+	return Stmt{SQL: r.Storage.Statements().Peek, Args: []any{r.Prefix, r.Key, clock}, Scan: func(rs RowScanner) error {
+		for rs.Next() {
+			var (
+				tokens, capacity      *int64
+				refilledAt, expiresAt *time.Time
+			)
+			if err := rs.Scan(&tokens, &refilledAt, &expiresAt, &capacity, now); err != nil {
+				return err
+			}
+			if tokens != nil {
+				st.Bucket = account.Bucket{Tokens: *tokens, RefilledAt: *refilledAt, ExpiresAt: *expiresAt}
+				if capacity != nil {
+					st.Bucket.Capacity = *capacity
+				}
+			}
+		}
+		return rs.Err()
+	}}
+}
+
+func readGrants(r Row, st *account.State) Stmt {
+	return Stmt{SQL: sqlgen.Grants.List, Args: []any{r.Prefix, r.Key}, Scan: func(rs RowScanner) error {
+		for rs.Next() {
+			var g account.Grant
+			var exp *time.Time
+			if err := rs.Scan(&g.ID, &g.Amount, &exp, &g.GrantedAt, &g.Ledger); err != nil {
+				return err
+			}
+			if exp != nil {
+				g.ExpiresAt = *exp
+			}
+			st.Grants = append(st.Grants, g)
+		}
+		return rs.Err()
+	}}
+}
+
+// readClock reads the clock (clock, or the database's) into now.
+func readClock(clock any, now *time.Time) Stmt {
+	return Stmt{SQL: `SELECT COALESCE($1::timestamptz, clock_timestamp())`, Args: []any{clock}, Scan: func(rs RowScanner) error {
+		for rs.Next() {
+			if err := rs.Scan(now); err != nil {
+				return err
+			}
+		}
+		return rs.Err()
+	}}
+}
+
+// ReadRecord returns the statements that read the record of request id on
+// r into rec (found says there is one: live or not) and the clock into now;
+// capacity is the Limit of a record of an older release.
+func ReadRecord(r Row, id string, clock any, capacity int64, rec *account.Record, found *bool, now *time.Time) []Stmt {
+	return []Stmt{
+		readClock(clock, now),
+		{SQL: sqlgen.Requests.Get, Args: []any{r.Prefix, r.Key, id}, Scan: func(rs RowScanner) error {
+			for rs.Next() {
+				var prefix, key, rid string
+				var err error
+				if *rec, err = ScanRecord(rs, []any{&prefix, &key, &rid}, capacity); err != nil {
+					return err
+				}
+				*found = true
+			}
+			return rs.Err()
+		}},
+	}
+}
