@@ -15,6 +15,7 @@ const (
 	Citus
 )
 
+// String returns "detect", "postgres" or "citus".
 func (d Dialect) String() string {
 	switch d {
 	case DetectDialect:

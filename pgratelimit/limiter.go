@@ -27,6 +27,7 @@ const (
 	Ephemeral
 )
 
+// String returns "durable" or "ephemeral".
 func (s Storage) String() string {
 	switch s {
 	case Durable:

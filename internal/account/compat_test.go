@@ -5,6 +5,9 @@ import "time"
 // The names the policy and schedule tests were written with, before the
 // bucket math moved here from the root package.
 
+// unixEpoch is the phase of every grid.
+var unixEpoch = time.Unix(0, 0).UTC()
+
 type (
 	bucket = Bucket
 	policy = Policy

@@ -26,8 +26,6 @@ type Schedule interface {
 	Longest() time.Duration
 }
 
-// unixEpoch is the phase of every grid.
-var unixEpoch = time.Unix(0, 0).UTC()
 
 // Grid is the schedule of a fixed interval (> 0): boundaries at every whole
 // multiple of interval since the Unix epoch (UTC). Since the phase is fixed,

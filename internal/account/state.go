@@ -35,22 +35,34 @@ const (
 	OpPlan
 )
 
-var kindNames = [...]string{OpCharge: "charge", OpDebit: "debit", OpRefund: "refund", OpSettle: "settle",
-	OpGrant: "grant", OpReset: "reset", OpExpire: "expire", OpPlan: "plan"}
-
 // String is the ledger's word for k.
 func (k Kind) String() string {
-	if k > 0 && int(k) < len(kindNames) {
-		return kindNames[k]
+	switch k {
+	case OpCharge:
+		return "charge"
+	case OpDebit:
+		return "debit"
+	case OpRefund:
+		return "refund"
+	case OpSettle:
+		return "settle"
+	case OpGrant:
+		return "grant"
+	case OpReset:
+		return "reset"
+	case OpExpire:
+		return "expire"
+	case OpPlan:
+		return "plan"
 	}
 	return "unknown"
 }
 
 // ParseKind is the Kind named s, or 0.
 func ParseKind(s string) Kind {
-	for k, n := range kindNames {
-		if n == s && n != "" {
-			return Kind(k)
+	for k := OpCharge; k <= OpPlan; k++ {
+		if k.String() == s {
+			return k
 		}
 	}
 	return 0

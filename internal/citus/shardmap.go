@@ -57,7 +57,9 @@ type shardRange struct {
 // shardMapProbes are keys whose shard loadShardMap asks Citus for, to check
 // that hashText hashes as the cluster does (it would not on a big-endian
 // server, or with a nondeterministic collation on the key column).
-var shardMapProbes = []string{"", "a", "key-123", "ip:203.0.113.7", "user:héllo ✓", "hdr:0123456789abcdef0123456789abcdef"}
+func shardMapProbes() []string {
+	return []string{"", "a", "key-123", "ip:203.0.113.7", "user:héllo ✓", "hdr:0123456789abcdef0123456789abcdef"}
+}
 
 // loadShardMap reads the shard map of the distributed table named table
 // (unqualified, found on the connection's search_path, as the package's
@@ -171,7 +173,7 @@ func (m *shardMap) probe(ctx context.Context, q querierRows, name string) error 
 	var key string
 	var want int64
 	rows, err := q.Query(ctx, `SELECT k, pg_catalog.get_shard_id_for_distribution_column(pg_catalog.to_regclass($1), k)
-  FROM unnest($2::text[]) k`, name, shardMapProbes)
+  FROM unnest($2::text[]) k`, name, shardMapProbes())
 	if err == nil {
 		_, err = pgx.ForEachRow(rows, []any{&key, &want}, func() error {
 			if got, _, _ := m.shardOf(key); got != want {

@@ -22,11 +22,11 @@ func (q *Request) op(c Charge, grantID int64) account.Op {
 	return op
 }
 
-// decide applies q to the accounts a holds, all or nothing, and records its
+// decideOne applies q to the accounts a holds, all or nothing, and records its
 // outcome; when it is allowed, a's accounts take their new state and a notes
 // what to write besides them (records, ledger entries, resets). A denied
 // request, a replay and an error change nothing.
-func (a *Attempt) decide(q *Request) {
+func (a *Attempt) decideOne(q *Request) {
 	if err := a.replays(q); err != nil {
 		q.Err = err
 		return

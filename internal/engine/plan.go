@@ -275,7 +275,7 @@ func (a *Attempt) decideAll(ex Executor) (deferred []*Request, err error) {
 			continue
 		}
 		q.Err, q.Outcomes, q.Allowed = nil, nil, false
-		a.decide(q)
+		a.decideOne(q)
 	}
 	return deferred, nil
 }

@@ -43,13 +43,8 @@ func RunIn(ctx context.Context, ex Executor, p *Plan) error {
 	if err := ex.Pipeline(ctx, a.open()); err != nil {
 		return err
 	}
-	if _, err := a.decideAll(ex); err != nil {
+	if _, err := a.decide(ex); err != nil {
 		return err
-	}
-	if follow := a.follow(); len(follow) > 0 {
-		if err := ex.Pipeline(ctx, follow); err != nil {
-			return err
-		}
 	}
 	return ex.Pipeline(ctx, a.close())
 }
@@ -125,12 +120,7 @@ func RunChain(ctx context.Context, pool *pgxpool.Pool, first *Plan, ch Chain) {
 			}
 			opened = true
 		}
-		deferred, err := cur.decideAll(ex)
-		if err == nil {
-			if follow := cur.follow(); len(follow) > 0 {
-				err = ex.Pipeline(cur.ctx, follow)
-			}
-		}
+		deferred, err := cur.decide(ex)
 		if err != nil {
 			if !fail(err) {
 				return
@@ -177,6 +167,20 @@ func RunChain(ctx context.Context, pool *pgxpool.Pool, first *Plan, ch Chain) {
 			}
 		}
 	}
+}
+
+// decide decides a's requests (decideAll), then runs its observers' reads
+// between decision and close, if they have any.
+func (a *Attempt) decide(ex Executor) (deferred []*Request, err error) {
+	if deferred, err = a.decideAll(ex); err != nil {
+		return nil, err
+	}
+	if follow := a.follow(); len(follow) > 0 {
+		if err := ex.Pipeline(a.ctx, follow); err != nil {
+			return nil, err
+		}
+	}
+	return deferred, nil
 }
 
 // maxTries bounds the tries of an own transaction that PostgreSQL aborted
@@ -251,6 +255,7 @@ type PgxExecutor struct {
 	}
 }
 
+// Pipeline sends stmts in one round trip.
 func (e PgxExecutor) Pipeline(ctx context.Context, stmts []Stmt) error {
 	_, err := e.pipelineAt(ctx, stmts)
 	return err
@@ -283,6 +288,7 @@ func (e PgxExecutor) pipelineAt(ctx context.Context, stmts []Stmt) (at int, err 
 // transaction, which cannot pipeline.
 type SQLExecutor struct{ Tx *sql.Tx }
 
+// Pipeline runs stmts one after another.
 func (e SQLExecutor) Pipeline(ctx context.Context, stmts []Stmt) error {
 	for _, s := range stmts {
 		if s.Scan == nil {

@@ -99,97 +99,122 @@ const (
 // one more column (", expression") that one's lock and relock return after
 // the clock (a Citus shard's placement check, see shardRows).
 func Buckets(t, extra string) Statements {
-	g := pgx.Identifier{GrantsTable}.Sanitize()
-	rows := `unnest($1::text::text[], $2::text::text[])`
-	rowsH := `unnest($1::text::text[], $2::text::text[], $3::text::interval[])`
-	// grantsOf joins the grants of the rows named b (or r: arrays) that
-	// the statement holds.
-	grantsOf := func(b string) string {
-		return `
-LEFT JOIN LATERAL (SELECT id, amount, expires_at, ledger FROM ` + g + `
-                   WHERE prefix = ` + b + `.prefix AND key = ` + b + `.key AND amount > 0 FOR UPDATE) g ON true`
-	}
-	const grantCols = `, g.id, g.amount, g.expires_at, g.ledger`
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, ` + dbClock3 + `%[2]s
-FROM ` + rows + ` AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity FROM ` + t + `
-         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
-	lock1 := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity FROM ` + t + `
-      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
-	// lockFlat is lock1 without grants as Citus's fast path takes it: one
-	// table, no subquery.
-	lockFlat := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, ` + noClock3 + ` FROM ` + t + `
-WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
-	variant := func(q, skip string, grants bool) string {
-		if grants {
-			alias := "b"
-			if strings.Contains(q, "AS r(prefix, key)") {
-				alias = "r"
-			}
-			return fmt.Sprintf(q, skip, grantCols, grantsOf(alias))
-		}
-		return fmt.Sprintf(q, skip, "", "")
-	}
-	// relock upserts rows of values, returning them locked.
-	relock := func(values, clock string) string {
-		return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
-` + values + `
-ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + clock
-	}
-	relockGrants := func(values string) string {
-		return `WITH b AS (` + relock(values, dbClock4) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.clock` + grantCols + `
-FROM b` + grantsOf("b")
-	}
-	valuesMany := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM ` + rowsH + ` WITH ORDINALITY AS r(prefix, key, h, i)
-ORDER BY r.i`
-	newOne := `$1, $2, 0, ` + placeholderTime + `, ` + expiryOf("$3::text::interval")
-	valuesOne := `VALUES (` + newOne + `)`
 	return Statements{
-		Many: Table{
-			Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-` + valuesMany + `
-ON CONFLICT (prefix, key) DO NOTHING`,
-			Lock:           variant(lock, "", false),
-			LockSkip:       variant(lock, " SKIP LOCKED", false),
-			LockGrants:     variant(lock, "", true),
-			LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-			Relock:         relock(valuesMany, dbClock4),
-			RelockGrants:   relockGrants(valuesMany),
-			Update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
-     AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
-WHERE t.prefix = r.prefix AND t.key = r.key`,
-		},
-		One: Table{
-			Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-` + valuesOne + `
-ON CONFLICT (prefix, key) DO NOTHING`,
-			GuardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-SELECT ` + newOne + ` FROM pg_catalog.lock_shard_metadata(5, $5::text::bigint[])
-ON CONFLICT (prefix, key) DO NOTHING`,
-			Lock:           variant(lock1, "", false),
-			LockSkip:       variant(lock1, " SKIP LOCKED", false),
-			LockGrants:     variant(lock1, "", true),
-			LockSkipGrants: variant(lock1, " SKIP LOCKED", true),
-			Relock:         relock(valuesOne, dbClock4+extra),
-			RelockGrants:   relockGrants(valuesOne),
-			Update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
-		},
-		// Only the locks differ from one's (citusRow inserts and updates
-		// with one's). Citus cannot plan the lateral join of grants:
-		// citusRow reads them in statements of their own (grantSQL.lockOne).
-		Citus: Table{
-			Lock:     variant(lockFlat, "", false),
-			LockSkip: variant(lockFlat, " SKIP LOCKED", false),
-			Relock:   relock(valuesOne, noClock4),
-		},
+		Many:  manyRows(t),
+		One:   oneRow(t, extra),
+		Citus: citusRow(t),
 		Peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		Remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
+	}
+}
+
+// grantCols are the grant columns the locks with grants return.
+const grantCols = `, g.id, g.amount, g.expires_at, g.ledger`
+
+// grantsOf joins the grants of the rows named b (or r: arrays) that the
+// statement holds.
+func grantsOf(b string) string {
+	return `
+LEFT JOIN LATERAL (SELECT id, amount, expires_at, ledger FROM ` + pgx.Identifier{GrantsTable}.Sanitize() + `
+                   WHERE prefix = ` + b + `.prefix AND key = ` + b + `.key AND amount > 0 FOR UPDATE) g ON true`
+}
+
+// variant is lock statement q (with %[1]s for SKIP LOCKED, %[2]s and %[3]s
+// for the grants' columns and join) skipping locked rows or not, with the
+// grants of its rows or not.
+func variant(q, skip string, grants bool) string {
+	if grants {
+		alias := "b"
+		if strings.Contains(q, "AS r(prefix, key)") {
+			alias = "r"
+		}
+		return fmt.Sprintf(q, skip, grantCols, grantsOf(alias))
+	}
+	return fmt.Sprintf(q, skip, "", "")
+}
+
+// relock upserts rows of values into t, returning them locked with clock.
+func relock(t, values, clock string) string {
+	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+` + values + `
+ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + clock
+}
+
+// relockGrants is relock with the rows' grants.
+func relockGrants(t, values string) string {
+	return `WITH b AS (` + relock(t, values, dbClock4) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.clock` + grantCols + `
+FROM b` + grantsOf("b")
+}
+
+// newOne is the values of one new row ($1, $2, its horizon $3).
+const newOne = `$1, $2, 0, ` + placeholderTime + `, `
+
+// manyRows are the statements over all of a table's rows as arrays.
+func manyRows(t string) Table {
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, ` + dbClock3 + `%[2]s
+FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity FROM ` + t + `
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
+	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
+FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
+ORDER BY r.i`
+	return Table{
+		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+` + values + `
+ON CONFLICT (prefix, key) DO NOTHING`,
+		Lock:           variant(lock, "", false),
+		LockSkip:       variant(lock, " SKIP LOCKED", false),
+		LockGrants:     variant(lock, "", true),
+		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
+		Relock:         relock(t, values, dbClock4),
+		RelockGrants:   relockGrants(t, values),
+		Update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
+     AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
+WHERE t.prefix = r.prefix AND t.key = r.key`,
+	}
+}
+
+// oneRow are the statements of one row with scalar parameters; extra, if
+// not empty, is one more column that the lock and relock return after the
+// clock.
+func oneRow(t, extra string) Table {
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity FROM ` + t + `
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
+	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
+	return Table{
+		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+` + values + `
+ON CONFLICT (prefix, key) DO NOTHING`,
+		GuardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+SELECT ` + newOne + expiryOf("$3::text::interval") + ` FROM pg_catalog.lock_shard_metadata(5, $5::text::bigint[])
+ON CONFLICT (prefix, key) DO NOTHING`,
+		Lock:           variant(lock, "", false),
+		LockSkip:       variant(lock, " SKIP LOCKED", false),
+		LockGrants:     variant(lock, "", true),
+		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
+		Relock:         relock(t, values, dbClock4+extra),
+		RelockGrants:   relockGrants(t, values),
+		Update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
+	}
+}
+
+// citusRow are oneRow's locks as Citus's fast path plans them (one table,
+// no subquery, no clock: a volatile function stops Citus caching a plan);
+// it inserts and updates with oneRow's. Citus cannot plan the lateral join
+// of grants: the engine reads them in statements of their own
+// (Grants.LockOne).
+func citusRow(t string) Table {
+	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, ` + noClock3 + ` FROM ` + t + `
+WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
+	return Table{
+		Lock:     variant(lock, "", false),
+		LockSkip: variant(lock, " SKIP LOCKED", false),
+		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4),
 	}
 }
 
@@ -285,6 +310,7 @@ type GrantStatements struct {
 	List string
 }
 
+// Grants are the statements of the grants table.
 var Grants = func() GrantStatements {
 	t := pgx.Identifier{GrantsTable}.Sanitize()
 	lock := `SELECT prefix, key, id, amount, expires_at, ledger FROM ` + t + ` WHERE prefix = $1 AND key = $2 AND amount > 0 FOR UPDATE`

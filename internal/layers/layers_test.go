@@ -1,0 +1,231 @@
+// Package layers checks the library's layering and the rules of its code
+// that the compiler does not: which internal package may import which, no
+// package-level mutable state, short functions, every exported name
+// documented.
+package layers
+
+import (
+	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/pgratelimit/pgratelimit"
+
+// allowed lists, for each package of the library, the packages of the
+// project it may import (directly or not): a check goes downwards only, API,
+// coalescer, engine, statements, account.
+var allowed = map[string][]string{
+	"internal/account":    {},
+	"internal/sqlgen":     {},
+	"internal/engine":     {"internal/account", "internal/sqlgen"},
+	"internal/coalesce":   {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/citus":      {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/cleanup":    {"internal/citus", "internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/lease":      {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/alert":      {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/middleware": {"pgratelimit", "internal/*", "migrations"},
+}
+
+type listed struct {
+	ImportPath string
+	Deps       []string
+	Dir        string
+	GoFiles    []string
+}
+
+// packages lists the library module's packages with their dependencies.
+func packages(t *testing.T) []listed {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", mod+"/...")
+	cmd.Env = append(cmd.Environ(), "GOWORK=off") // the library's module alone
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	var pkgs []listed
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p listed
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join("..", "..", pkg)); os.IsNotExist(err) {
+		return nil // not there (yet)
+	}
+	cmd := exec.Command("go", "list", "-deps", mod+"/"+pkg)
+	cmd.Env = append(cmd.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	var own []string
+	for _, d := range strings.Fields(string(out)) {
+		if rel, ok := strings.CutPrefix(d, mod+"/"); ok && rel != pkg {
+			own = append(own, rel)
+		}
+	}
+	return own
+}
+
+// TestLayers checks the imports of every internal package against allowed:
+// account and sqlgen import nothing of the project, citus does not import
+// coalesce, nothing internal imports the root API but the middleware core.
+func TestLayers(t *testing.T) {
+	for pkg, may := range allowed {
+		for _, d := range deps(t, pkg) {
+			if !slices.ContainsFunc(may, func(m string) bool {
+				return m == d || strings.HasSuffix(m, "/*") && strings.HasPrefix(d, strings.TrimSuffix(m, "*"))
+			}) {
+				t.Errorf("%s imports %s", pkg, d)
+			}
+		}
+	}
+	for _, p := range packages(t) {
+		rel := strings.TrimPrefix(p.ImportPath, mod+"/")
+		if strings.HasPrefix(rel, "internal/") && !strings.HasPrefix(rel, "internal/testdb") && !strings.HasPrefix(rel, "internal/pglaunch") &&
+			!strings.HasPrefix(rel, "internal/readme") && rel != "internal/layers" {
+			if _, ok := allowed[rel]; !ok {
+				t.Errorf("%s has no layering rule here", rel)
+			}
+		}
+	}
+}
+
+// library is every non-test Go file of the library's own packages (not the
+// test harnesses).
+func library(t *testing.T) (*token.FileSet, map[string]*ast.File) {
+	t.Helper()
+	files := map[string]*ast.File{}
+	fset := token.NewFileSet()
+	for _, p := range packages(t) {
+		rel := strings.TrimPrefix(p.ImportPath, mod+"/")
+		if strings.HasPrefix(rel, "internal/testdb") || strings.HasPrefix(rel, "internal/pglaunch") || strings.HasPrefix(rel, "internal/readme") {
+			continue
+		}
+		for _, f := range p.GoFiles {
+			path := filepath.Join(p.Dir, f)
+			af, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files[rel+"/"+f] = af
+		}
+	}
+	return fset, files
+}
+
+// constants are the package-level variables that are constants Go cannot
+// declare as such.
+var constants = map[string]string{
+	"internal/account/sat.go MaxTime": "a time.Time",
+}
+
+// TestNoMutableState: package-level variables are sentinel errors, SQL text
+// (sqlgen), embedded files and the constants above only.
+func TestNoMutableState(t *testing.T) {
+	_, files := library(t)
+	for name, f := range files {
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.VAR {
+				continue
+			}
+			for _, s := range g.Specs {
+				for _, n := range s.(*ast.ValueSpec).Names {
+					switch {
+					case n.Name == "_", strings.HasPrefix(n.Name, "Err"), strings.HasPrefix(n.Name, "err"),
+						strings.HasPrefix(name, "internal/sqlgen/"), g.Doc != nil && strings.Contains(g.Doc.Text(), "go:embed"),
+						strings.Contains(name, "migrations/") && n.Name == "FS", constants[name+" "+n.Name] != "":
+					default:
+						t.Errorf("%s: package-level variable %s", name, n.Name)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestShortFunctions: no function of the library over 80 lines.
+func TestShortFunctions(t *testing.T) {
+	fset, files := library(t)
+	for name, f := range files {
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			lines := fset.Position(fn.Body.Rbrace).Line - fset.Position(fn.Pos()).Line
+			if lines > 80 {
+				t.Errorf("%s: %s is %d lines", name, fn.Name.Name, lines)
+			}
+		}
+	}
+}
+
+// TestExportedDocumented: every exported name of the library has a doc
+// comment.
+func TestExportedDocumented(t *testing.T) {
+	_, files := library(t)
+	for name, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Name.IsExported() && d.Doc == nil && exportedRecv(d) {
+					t.Errorf("%s: %s has no doc comment", name, d.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					checkSpec(t, name, d, s)
+				}
+			}
+		}
+	}
+}
+
+func checkSpec(t *testing.T, name string, d *ast.GenDecl, s ast.Spec) {
+	t.Helper()
+	switch s := s.(type) {
+	case *ast.TypeSpec:
+		if s.Name.IsExported() && d.Doc == nil && s.Doc == nil {
+			t.Errorf("%s: type %s has no doc comment", name, s.Name.Name)
+		}
+	case *ast.ValueSpec:
+		for _, n := range s.Names {
+			if n.IsExported() && d.Doc == nil && s.Doc == nil && s.Comment == nil {
+				t.Errorf("%s: %s has no doc comment", name, n.Name)
+			}
+		}
+	}
+}
+
+// exportedRecv says whether a method's receiver type is exported (or it is
+// a function).
+func exportedRecv(fn *ast.FuncDecl) bool {
+	if fn.Recv == nil {
+		return true
+	}
+	t := fn.Recv.List[0].Type
+	if s, ok := t.(*ast.StarExpr); ok {
+		t = s.X
+	}
+	if ix, ok := t.(*ast.IndexExpr); ok {
+		t = ix.X
+	}
+	id, ok := t.(*ast.Ident)
+	return ok && id.IsExported()
+}
