@@ -26,7 +26,6 @@ type Schedule interface {
 	Longest() time.Duration
 }
 
-
 // Grid is the schedule of a fixed interval (> 0): boundaries at every whole
 // multiple of interval since the Unix epoch (UTC). Since the phase is fixed,
 // a bucket keeps its grid however often its row expires or is deleted.
