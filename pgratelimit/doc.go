@@ -41,26 +41,26 @@
 // transaction: set_config(..., true), or SET LOCAL on Citus; no PREPARE, no
 // session advisory locks), so it works behind PgBouncer in transaction mode.
 //
-// AllowNTx (pgx) and AllowNSQLTx (database/sql, any driver) run the same
-// statements inside the caller's transaction, so tokens are spent only if the
-// caller's own write commits.
+// Limiter.In runs any operation in the caller's own transaction (PgxTx, or
+// SQLTx for database/sql with any driver), with the same statements, so
+// tokens are spent only if the caller's own write commits.
 //
 // # Several limits at once
 //
 // AllowAll charges several buckets (any limiters of one Client, any keys) in
 // one transaction, all or nothing: "10 per second and 1000 per day", or a
 // user's and an organization's credits. Rows are locked in one global order,
-// so no order of charges can deadlock. AllowAllTx and AllowAllSQLTx do it in
-// the caller's transaction. Limiters that share a Prefix share buckets, also
-// with different policies: that is how per-customer plans work.
+// so no order of charges can deadlock. Limiters that share a Prefix share
+// buckets, also with different policies: that is how per-customer plans
+// work.
 //
 // # Clients
 //
 // A Client holds what the limiters of one pool share: the coalescer and the
 // database's dialect (plain PostgreSQL or Citus, asked once). Make one with
 // NewClient, limiters with Client.NewLimiter, and Close it at shutdown to
-// let the checks in flight finish. New(pool, cfg) makes a limiter of the
-// pool's default client, which is never closed.
+// let the checks in flight finish. New(pool, cfg) makes a limiter with a
+// client of its own, which is never closed.
 //
 // # Coalescing
 //
@@ -102,16 +102,17 @@
 // On Citus, distribute them by key (migrations.Distribute): a Client finds
 // out when it is made (a default client at its first check; Client.Detect
 // asks again), sends each check whose buckets' shards sit on one node straight
-// to that node, where it runs on the shards' own tables (route.go;
+// to that node, where it runs on the shards' own tables (internal/citus;
 // ClientConfig.DisableRouting turns that off), and sends the rest through the
-// coordinator in statements that each route to one shard (citus.go).
+// coordinator in statements that each route to one shard.
 //
 // # Reading the code
 //
-// A check goes downwards only: the API (limiter.go, multi.go, tx.go), the
-// client (client.go), the coalescer (coalesce.go), the transaction plan
-// (plan.go) and its runner (runner.go), the statement shapes (shape.go) in
-// the dialect's words (dialect.go, citus.go, route.go) over the SQL
-// (statements.go), and the
-// decision (check.go) by the bucket math (bucket.go, schedule.go).
+// This package is the API. A check goes downwards only, through internal
+// packages whose imports the compiler and a test enforce: the coalescer
+// (internal/coalesce), the engine's one transaction shape
+// (internal/engine), the SQL text (internal/sqlgen), and the pure model of a
+// key's balance (internal/account); Citus's dialect, router and cleanup
+// parts are internal/citus, cleanup internal/cleanup. docs/internals.md
+// draws them and follows one check through them.
 package pgratelimit
