@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -112,7 +113,7 @@ func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 		}
 		return f.fail(err)
 	}
-	fmt.Fprintf(f.c.stdout, "distributed by key: %s, %s\n", pgratelimit.DurableTable, pgratelimit.EphemeralTable)
+	fmt.Fprintf(f.c.stdout, "distributed by key: %s, %s\n", tables.Buckets, tables.EphemeralBuckets)
 	return exitOK
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
 // load is the run's workers' tally.
@@ -77,7 +79,7 @@ func hold(ctx, runCtx context.Context, wg *sync.WaitGroup, pool *pgxpool.Pool, c
 	}
 	// Ended when the run is (the pool cannot close while it is open).
 	context.AfterFunc(runCtx, func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
-	if _, err := ch.l.AllowNTx(ctx, tx, "held", 1); err != nil {
+	if _, err := ch.l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "held", 1); err != nil {
 		return err
 	}
 	for range 4 {

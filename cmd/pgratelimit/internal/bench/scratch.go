@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -34,9 +35,9 @@ type scratch struct {
 func createScratch(ctx context.Context, env Env, o Options, cfg pgratelimit.Config) (*scratch, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	s := &scratch{env: env, name: "pgratelimit_bench_" + hex.EncodeToString(b[:]), table: pgratelimit.DurableTable}
+	s := &scratch{env: env, name: "pgratelimit_bench_" + hex.EncodeToString(b[:]), table: tables.Buckets}
 	if cfg.Storage == pgratelimit.Ephemeral {
-		s.table = pgratelimit.EphemeralTable
+		s.table = tables.EphemeralBuckets
 	}
 	sctx, cancel := env.bound(ctx)
 	defer cancel()

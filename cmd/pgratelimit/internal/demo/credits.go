@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
@@ -75,7 +76,7 @@ func (a *app) resetCredits(ctx context.Context, key string) error {
 	if err := a.credits.Reset(ctx, key); err != nil {
 		return err
 	}
-	del := `DELETE FROM ` + pgx.Identifier{pgratelimit.GrantsTable}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
+	del := `DELETE FROM ` + pgx.Identifier{tables.Grants}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
 	if _, err := a.pool.Exec(ctx, del, creditsPrefix, key); err != nil {
 		return fmt.Errorf("delete the grants of %q: %w", key, err)
 	}

@@ -88,7 +88,7 @@ type rollbackJSON struct {
 	Capacity int64  `json:"capacity"`
 }
 
-// serveRollback charges ?cost= credits inside a transaction (AllowNTx),
+// serveRollback charges ?cost= credits inside a transaction (Limiter.In),
 // then runs work in the same transaction that fails, and rolls back:
 // nothing is spent.
 func (a *app) serveRollback(w http.ResponseWriter, r *http.Request) {
@@ -118,7 +118,7 @@ func (a *app) serveRollback(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // rolled back below; a second rollback is harmless
-	res, err := p.l.AllowNTx(ctx, tx, key, out.Cost)
+	res, err := p.l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, key, out.Cost)
 	if err != nil {
 		fail(err)
 		return
