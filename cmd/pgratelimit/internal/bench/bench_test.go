@@ -3,7 +3,9 @@ package bench
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +38,18 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, int64(1<<40), cfg.Capacity)
 	require.Equal(t, "ours-coalesce-durable", o.contender())
 	require.Equal(t, 64, o.conns())
+	require.Equal(t, "sync", o.Commit)
+	require.False(t, cfg.AsyncCommit)
+
+	o.Commit = "async"
+	cfg, err = o.Config()
+	require.NoError(t, err)
+	require.True(t, cfg.AsyncCommit)
+	require.Equal(t, "ours-coalesce-durable-async", o.contender())
+	o.Storage = "ephemeral"
+	cfg, err = o.Config()
+	require.NoError(t, err, "asynchronous commit on unlogged tables too (bench peers' unlogged scenario)")
+	require.True(t, cfg.AsyncCommit)
 
 	for _, tc := range []struct {
 		change func(*Options)
@@ -47,6 +61,9 @@ func TestConfig(t *testing.T) {
 		{func(o *Options) { o.Storage = "floppy" }, `--storage must be durable or ephemeral, got "floppy"`},
 		{func(o *Options) { o.Grants = -1 }, "--grants and --deny-cache must be at least 0"},
 		{func(o *Options) { o.Prefill = 5 }, "--prefill must be 0 or at least --keys (10000), got 5"},
+		{func(o *Options) { o.Commit = "lazy" }, `--commit must be sync or async, got "lazy"`},
+		{func(o *Options) { o.Commit, o.Grants = "async", 5 }, "--commit async does not go with --grants: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop --grants, or use --commit sync)"},
+		{func(o *Options) { o.Commit, o.Ledger, o.RequestIDs = "async", true, true }, "--commit async does not go with --ledger, --request-ids: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop --ledger, --request-ids, or use --commit sync)"},
 	} {
 		bad := defaults(t)
 		tc.change(&bad)
@@ -81,6 +98,7 @@ func TestRun(t *testing.T) {
 	require.Equal(t, int64(20), rep.PrefillRows)
 	require.Positive(t, rep.TableBytes)
 	require.Equal(t, 2, rep.Limits)
+	require.Equal(t, "sync", rep.Commit)
 
 	var text bytes.Buffer
 	rep.WriteText(&text, o.Duration, o.Cost)
@@ -92,4 +110,26 @@ func TestRun(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgratelimit_bench_%'`).Scan(&left))
 	require.Zero(t, left, "the scratch schema is dropped")
+}
+
+// --commit async: a short run of two limits with asynchronous commit, whose
+// report says so. (Not in parallel with TestRun, which counts the scratch
+// schemas left.)
+func TestRunAsync(t *testing.T) {
+	s := testdb.NewEmptySchema(t)
+	o := defaults(t)
+	o.Concurrency, o.Keys, o.Duration, o.Capacity, o.Refill, o.Interval = 4, 10, 300*time.Millisecond, 3, 1, time.Hour
+	o.Limits, o.Commit = 2, "async"
+	pcfg, err := pgxpool.ParseConfig(s.URL(t))
+	require.NoError(t, err)
+	rep, err := Run(context.Background(), o, Env{Pool: pcfg, Progress: io.Discard})
+	require.NoError(t, err)
+	require.True(t, rep.OK(), rep.Audit)
+	require.Zero(t, rep.Errors)
+	require.Positive(t, rep.Allowed)
+	require.Equal(t, "ours-coalesce-durable-2limits-async", rep.Contender)
+	require.Equal(t, "async", rep.Commit)
+	line, err := json.Marshal(rep)
+	require.NoError(t, err)
+	require.Contains(t, string(line), `"commit":"async"`)
 }

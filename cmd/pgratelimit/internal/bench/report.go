@@ -25,6 +25,7 @@ type Report struct {
 	HotRatio     float64 `json:"hot_update_ratio"`
 	Updates      int64   `json:"updates"`
 	Limits       int     `json:"limits"`
+	Commit       string  `json:"commit"` // sync, or async (Config.AsyncCommit)
 	Distributed  bool    `json:"distributed"`
 	// With --prefill: the rows put in the table before the run, and the
 	// table's and its indexes' size after.

@@ -32,6 +32,7 @@ func contenders() []contender {
 	return []contender{
 		{Name: "coalesce", Server: "postgres", label: fixed("pgratelimit, coalescing (default)"), command: ours("coalesce")},
 		{Name: "per-check", Server: "postgres", label: fixed("pgratelimit, per-check (`DisableCoalescing`)"), command: ours("per-check")},
+		{Name: "async", Server: "postgres", label: fixed("pgratelimit, coalescing, asynchronous commit (`AsyncCommit`)"), command: ours("coalesce", "--commit", "async")},
 		{Name: "tx", Server: "postgres", label: fixed("pgbench: per-check transaction, 5 round trips"), command: pgbench("tx")},
 		{Name: "pipelined", Server: "postgres", label: fixed("pgbench: per-check transaction, pipelined (2 round trips)"), command: pgbench("pipelined")},
 		{Name: "upsert", Server: "postgres", label: fixed("pgbench: one upsert per check"), command: pgbench("upsert")},
@@ -69,11 +70,12 @@ func withEnv(cmd *exec.Cmd, kv ...string) *exec.Cmd {
 }
 
 // ours: pgratelimit's own load benchmark, `pgratelimit bench --json` (package
-// bench), run by the binary --ours names (this one by default). Its workers
-// call Limiter.AllowN in the same process; logged tables are the durable
-// storage, unlogged the ephemeral one. OURS_FLAGS adds flags (for example
+// bench) in mode, with the flags extra (async: --commit async), run by the
+// binary --ours names (this one by default). Its workers call
+// Limiter.AllowN in the same process; logged tables are the durable storage,
+// unlogged the ephemeral one. OURS_FLAGS adds flags (for example
 // --coalesce-conns 4).
-func ours(mode string) func(context.Context, *env, scenario, string) (*exec.Cmd, func(string) (outcome, error)) {
+func ours(mode string, extra ...string) func(context.Context, *env, scenario, string) (*exec.Cmd, func(string) (outcome, error)) {
 	return func(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, func(string) (outcome, error)) {
 		storage := "durable"
 		if s.Tables == "unlogged" {
@@ -82,6 +84,7 @@ func ours(mode string) func(context.Context, *env, scenario, string) (*exec.Cmd,
 		args := []string{"bench", "--database-url", e.pgURL, "--concurrency", strconv.Itoa(s.Conc),
 			"--keys", strconv.Itoa(s.Keys), "--duration", strconv.Itoa(s.Secs) + "s",
 			"--storage", storage, "--mode", mode, "--json"}
+		args = append(args, extra...)
 		args = append(args, e.oursFlags...)
 		return command(ctx, e.ours, args...), parseResultLine
 	}

@@ -3,10 +3,11 @@
 // what it measures and how. It starts a throwaway PostgreSQL and Redis on
 // loopback, runs each contender on the same workload, one after the other
 // (pgratelimit's own load benchmark, `pgratelimit bench --json`, as the
-// contenders coalesce and per-check; pgbench's scripts; rate-limiter-flexible;
-// redis_rate), measures the CPU each check cost in the server and in the
-// client with package cpu, prints a markdown table per scenario and writes
-// every figure to a JSON file. Whatever happens (an error, Ctrl-C), it stops
+// contenders coalesce, per-check and async, which is coalesce with
+// --commit async; pgbench's scripts; rate-limiter-flexible; redis_rate),
+// measures the CPU each check cost in the server and in the client with
+// package cpu, prints a markdown table per scenario and writes every figure
+// to a JSON file. Whatever happens (an error, Ctrl-C), it stops
 // the servers and removes their files.
 package peers
 
@@ -41,7 +42,7 @@ type Options struct {
 	// default ROOT/bench/.bin).
 	BinDir string
 	// Ours is the pgratelimit binary whose bench command the contenders
-	// coalesce and per-check run (--ours; default: this one).
+	// coalesce, per-check and async run (--ours; default: this one).
 	Ours string
 
 	// Runs is how many times each contender runs, interleaved; the tables
@@ -68,7 +69,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Root, "root", ".", "the repository's root (bench/pgbench and bench/rlf are read from there)")
 	fs.StringVar(&o.PGBin, "pgbin", "", "PostgreSQL's binaries: initdb, pg_ctl, postgres, pgbench, psql (default: those on PATH)")
 	fs.StringVar(&o.BinDir, "bindir", "", "where peers.sh put the redisrate contender (default ROOT/bench/.bin)")
-	fs.StringVar(&o.Ours, "ours", "", "the pgratelimit binary that the contenders coalesce and per-check run (default: this one)")
+	fs.StringVar(&o.Ours, "ours", "", "the pgratelimit binary that the contenders coalesce, per-check and async run (default: this one)")
 }
 
 // FromEnv reads RUNS, LATENCY_MS, BENCH_OUT and OURS_FLAGS with getenv.
@@ -98,7 +99,8 @@ func (o *Options) FromEnv(getenv func(string) string) error {
 func Help() string {
 	return fmt.Sprintf(`With no arguments, it runs every contender in the default scenarios:
 %sContenders: %s
-  (ours = coalesce per-check; pgbench = tx pipelined upsert)
+  (ours = coalesce per-check; async = coalesce with --commit async, also called
+  ours_async; pgbench = tx pipelined upsert)
 Environment: RUNS=N (medians of N interleaved runs), LATENCY_MS=N (every response
 from PostgreSQL and Redis delayed N ms), BENCH_OUT=DIR (result files; default
 bench/results), OURS_FLAGS (extra flags for ours' bench command).
@@ -151,7 +153,7 @@ func (o Options) oursBinary() (string, error) {
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("finding this executable, for the contenders coalesce and per-check (give --ours): %w", err)
+		return "", fmt.Errorf("finding this executable, for the contenders coalesce, per-check and async (give --ours): %w", err)
 	}
 	return self, nil
 }
@@ -296,7 +298,8 @@ func parseArgs(args []string) ([]scenario, []contender, error) {
 }
 
 // pickContenders returns the contenders named, each once, in the order
-// named: ours is coalesce and per-check, pgbench is tx, pipelined and
+// named: ours is coalesce and per-check, ours_async is async (the name
+// ../shared/bench/peers.sh gives it), pgbench is tx, pipelined and
 // upsert.
 func pickContenders(names []string) ([]contender, error) {
 	var cs []contender
@@ -306,6 +309,8 @@ func pickContenders(names []string) ([]contender, error) {
 		switch a {
 		case "ours":
 			group = []string{"coalesce", "per-check"}
+		case "ours_async":
+			group = []string{"async"}
 		case "pgbench":
 			group = []string{"tx", "pipelined", "upsert"}
 		}

@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -27,7 +28,15 @@ func TestParseArgs(t *testing.T) {
 	for _, c := range cs {
 		names = append(names, c.Name)
 	}
-	require.Equal(t, []string{"coalesce", "per-check", "redis_rate"}, names, "ours is both of pgratelimit's, each once")
+	require.Equal(t, []string{"coalesce", "per-check", "redis_rate"}, names, "ours is coalesce and per-check, each once")
+
+	_, cs, err = parseArgs([]string{"64", "10000", "8", "logged", "ours_async", "async", "ours"})
+	require.NoError(t, err)
+	names = nil
+	for _, c := range cs {
+		names = append(names, c.Name)
+	}
+	require.Equal(t, []string{"async", "coalesce", "per-check"}, names, "ours_async is async, ../shared/bench/peers.sh's name for it")
 
 	for args, want := range map[string]string{
 		"1 2":                   "give all four of CONC KEYS SECS logged|unlogged, or none",
@@ -41,6 +50,25 @@ func TestParseArgs(t *testing.T) {
 		require.True(t, errors.As(err, &ue), "%s: %v", args, err)
 		require.Contains(t, ue.Msg, want, args)
 	}
+}
+
+// The contenders of pgratelimit run its bench command: async is coalesce
+// with --commit async, before OURS_FLAGS; on unlogged tables, with
+// ephemeral storage.
+func TestOursCommands(t *testing.T) {
+	e := &env{ours: "/bin/pgratelimit", pgURL: "postgres://x/y", oursFlags: []string{"--coalesce-conns", "4"}}
+	args := func(name string, s scenario) string {
+		c, ok := contenderByName(name)
+		require.True(t, ok, name)
+		cmd, _ := c.command(context.Background(), e, s, t.TempDir())
+		return strings.Join(cmd.Args, " ")
+	}
+	logged := scenario{Conc: 64, Keys: 10000, Secs: 8, Tables: "logged"}
+	require.Equal(t, "/bin/pgratelimit bench --database-url postgres://x/y --concurrency 64 --keys 10000 --duration 8s --storage durable --mode coalesce --json --commit async --coalesce-conns 4",
+		args("async", logged))
+	require.Equal(t, "/bin/pgratelimit bench --database-url postgres://x/y --concurrency 64 --keys 10000 --duration 8s --storage durable --mode per-check --json --coalesce-conns 4",
+		args("per-check", logged))
+	require.Contains(t, args("async", scenario{Conc: 256, Keys: 10000, Secs: 8, Tables: "unlogged"}), "--storage ephemeral --mode coalesce --json --commit async")
 }
 
 func TestFromEnv(t *testing.T) {
