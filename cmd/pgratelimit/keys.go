@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -36,17 +38,24 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 	return code
 }
 
-// resultJSON is a check's, a peek's or a refund's result for --json. Allowed
-// is only a check's; Cost and Refunded say what was asked.
+// resultJSON is a check's, a peek's, a refund's or a settlement's result
+// for --json. Allowed is only a check's; Cost and Refunded say what was
+// asked; Replayed (a check's and a settlement's) says the request ID had
+// been seen: the result is the first one's, and nothing was charged now;
+// FromGrants is the part of an allowed check's cost its grants paid, when
+// known.
 type resultJSON struct {
 	Key          string `json:"key"`
 	Allowed      *bool  `json:"allowed,omitempty"`
 	Cost         int64  `json:"cost,omitempty"`
 	Refunded     int64  `json:"refunded,omitempty"`
+	Actual       *int64 `json:"actual,omitempty"`
 	Limit        int64  `json:"limit"`
 	Remaining    int64  `json:"remaining"`
 	Granted      int64  `json:"granted"`
+	FromGrants   *int64 `json:"from_grants,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
+	Replayed     *bool  `json:"replayed,omitempty"`
 	RetryAfterMS int64  `json:"retry_after_ms"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
 }
@@ -55,20 +64,14 @@ func newResultJSON(key string, r pgratelimit.Result) resultJSON {
 	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, Granted: r.Granted, RetryAfterMS: r.RetryAfter.Milliseconds(), ResetAfterMS: r.ResetAfter.Milliseconds()}
 }
 
-// human formats a wait for people: to the millisecond below 10s, else to the
-// second, always rounded up (a wait shown is never shorter than the truth).
-func human(d time.Duration) string {
-	if d <= 0 {
-		return "0s"
+// holding says what a key holds: "3 of 10 tokens", with its debt while it
+// owes and its grants if it has any.
+func holding(r pgratelimit.Result) string {
+	s := fmt.Sprintf("%d of %d tokens", r.Remaining, r.Limit)
+	if r.Remaining < 0 {
+		s += fmt.Sprintf(" (a debt of %d)", -r.Remaining)
 	}
-	unit := time.Second
-	if d < 10*time.Second {
-		unit = time.Millisecond
-	}
-	if r := d % unit; r != 0 {
-		d += unit - r
-	}
-	return d.String()
+	return s + grantedText(r)
 }
 
 // grantedText mentions a key's grants, if it has any.
@@ -79,20 +82,20 @@ func grantedText(r pgratelimit.Result) string {
 	return fmt.Sprintf(" and %d granted", r.Granted)
 }
 
-// retryText says when a denied check may succeed.
-func retryText(r pgratelimit.Result) string {
+// retryText says when a denied check may succeed, counted from now.
+func retryText(r pgratelimit.Result, now time.Time) string {
 	if r.RetryAfter == pgratelimit.InfDuration {
 		return "refills alone will never cover it (grant more)"
 	}
-	return "retry in " + human(r.RetryAfter)
+	return "retry " + whenIn(r.RetryAfter, now)
 }
 
-// fullness says when a bucket is full again.
-func fullness(r pgratelimit.Result) string {
+// fullness says when a bucket is full again, counted from now.
+func fullness(r pgratelimit.Result, now time.Time) string {
 	if r.Remaining >= r.Limit {
 		return "full"
 	}
-	return "full in " + human(r.ResetAfter)
+	return "full " + whenIn(r.ResetAfter, now)
 }
 
 func plural(n int64, one, many string) string {
@@ -102,40 +105,139 @@ func plural(n int64, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
+// lookupRequest returns what the database remembers of request ID id on
+// key, or nil if it remembers nothing (or id is "").
+func lookupRequest(ctx context.Context, l *pgratelimit.Limiter, key, id string) (*pgratelimit.RequestRecord, error) {
+	if id == "" {
+		return nil, nil
+	}
+	rec, err := l.LookupRequest(ctx, key, id)
+	switch {
+	case errors.Is(err, pgratelimit.ErrUnknownRequest):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// recordText says what a request ID's record names: "a charge of 40".
+func recordText(rec *pgratelimit.RequestRecord) string {
+	switch rec.Kind {
+	case "charge", "debit", "refund", "grant":
+		return fmt.Sprintf("a %s of %d", rec.Kind, rec.Amount)
+	}
+	return fmt.Sprintf("%s %d", rec.Kind, rec.Amount)
+}
+
+// fromGrants returns the part of the allowed check r of cost on key that
+// its grants paid, and whether it is known. A check takes from the bucket
+// first, so none when the bucket has tokens left, nor on a limiter without
+// grants; else the check's ledger row says (the CLI's durable limiters
+// write one): the latest charge of cost with the request ID id on key,
+// since a little before the check, that left what r reports.
+func fromGrants(ctx context.Context, l *pgratelimit.Limiter, f *flags, key, id string, cost int64, r pgratelimit.Result, before time.Time) (int64, bool) {
+	if r.Remaining > 0 || !f.grants() {
+		return 0, true
+	}
+	es, err := l.Ledger(ctx, key, before.Add(-time.Minute)) // (the database's clock may be a little behind this one)
+	if err != nil {
+		return 0, false
+	}
+	for i := len(es) - 1; i >= 0; i-- {
+		e := es[i]
+		if e.Kind == "charge" && e.Amount == -cost && e.RequestID == id && e.Granted == r.Granted && e.Balance-e.Granted == r.Remaining {
+			return -e.GrantsAmount, true
+		}
+	}
+	return 0, false
+}
+
+// tookText says where an allowed check's cost came from: nothing when the
+// grants paid none (or it is not known), else what they paid.
+func tookText(cost, fromGrants int64, known bool) string {
+	switch {
+	case !known || fromGrants <= 0:
+		return ""
+	case fromGrants >= cost:
+		return " (all from grants)"
+	}
+	return fmt.Sprintf(" (%d from the bucket, %d from grants)", cost-fromGrants, fromGrants)
+}
+
 func runAllow(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "allow").withPolicy()
-	cost := f.Int64("cost", 1, "tokens to take")
-	requestID := f.String("request-id", "", "an idempotency key: a repeat with the same ID prints the first outcome and charges nothing")
+	cost := f.Int64("cost", 1, "tokens to take (above --capacity only with grants: durable storage)")
+	requestID := f.String("request-id", "", "an idempotency key: a repeat with the same ID and cost charges nothing and prints the first outcome, saying it was replayed")
 	check := func([]string) error {
 		switch {
 		case *cost < 1:
 			return usagef("--cost must be at least 1, got %d", *cost)
-		case *cost > f.capacity && f.capacity > 0:
-			// (A limiter with Config.Grants allows such a cost when grants
-			// cover it; the CLI keeps its checks within the bucket.)
-			return usagef("--cost %d is more than the bucket's capacity (--capacity %d): such a check could never be allowed", *cost, f.capacity)
+		case *cost > f.capacity && f.capacity > 0 && !f.grants():
+			// (With durable storage the CLI's limiter has grants, which may
+			// cover such a cost: the library decides.)
+			return usagef("--cost %d is more than the bucket's capacity (--capacity %d): with --storage ephemeral, which has no grants, such a check could never be allowed", *cost, f.capacity)
 		}
 		return nil
 	}
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
-		if *requestID != "" {
-			ctx = pgratelimit.WithRequestID(ctx, *requestID)
+		key, id := pos[0], *requestID
+		if id != "" {
+			ctx = pgratelimit.WithRequestID(ctx, id)
 		}
-		r, err := l.AllowN(ctx, key, *cost)
+		// A request ID the database remembers makes the check a replay:
+		// the library returns the first outcome and charges nothing.
+		rec, err := lookupRequest(ctx, l, key, id)
 		if err != nil {
 			return 0, err
 		}
-		if f.json {
-			j := newResultJSON(key, r)
-			j.Allowed, j.Cost, j.RequestID = &r.Allowed, *cost, *requestID
-			f.printJSON(j)
+		before := time.Now()
+		r, err := l.AllowN(ctx, key, *cost)
+		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
+			what := "another operation or cost"
+			if rec != nil && (rec.Kind != "charge" || rec.Amount != *cost) {
+				what = recordText(rec)
+			}
+			return 0, fmt.Errorf("request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
+		}
+		if err != nil {
+			return 0, err
+		}
+		// A replay returns the recorded outcome bit for bit (a record that
+		// expired in between would let the check charge afresh instead).
+		replayed := rec != nil && r == rec.Result
+		// The waits count from the check (for the moments they end at): from
+		// just before it was sent, or for a replay from when the first
+		// outcome happened.
+		now := before
+		var from int64
+		known := false
+		if replayed {
+			now = rec.At
 		} else if r.Allowed {
-			fmt.Fprintf(c.stdout, "allowed: took %s from %q: %d of %d left%s, %s\n",
-				plural(*cost, "token", "tokens"), key, r.Remaining, r.Limit, grantedText(r), fullness(r))
+			from, known = fromGrants(ctx, l, f, key, id, *cost, r, before)
+		}
+		var line string
+		if r.Allowed {
+			line = fmt.Sprintf("allowed: took %s from %q%s: %d of %d left%s, %s",
+				plural(*cost, "token", "tokens"), key, tookText(*cost, from, known), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
 		} else {
-			fmt.Fprintf(c.stdout, "denied: %q has %d of %d tokens%s, not the %d asked for (nothing taken); %s\n",
-				key, r.Remaining, r.Limit, grantedText(r), *cost, retryText(r))
+			line = fmt.Sprintf("denied: %q has %s, not the %d asked for (nothing taken); %s",
+				key, holding(r), *cost, retryText(r, now))
+		}
+		switch {
+		case f.json:
+			j := newResultJSON(key, r)
+			j.Allowed, j.Cost, j.RequestID, j.Replayed = &r.Allowed, *cost, id, &replayed
+			if known {
+				j.FromGrants = &from
+			}
+			f.printJSON(j)
+		case replayed:
+			fmt.Fprintf(c.stdout, "replayed: request %q was already charged at %s (nothing taken now); its outcome then: %s\n",
+				id, rec.At.Local().Format(time.DateTime+" MST"), line)
+		default:
+			fmt.Fprintln(c.stdout, line)
 		}
 		if !r.Allowed {
 			return exitDenied, nil
@@ -147,23 +249,56 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 func runPeek(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "peek").withPolicy()
 	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
+		key, before := pos[0], time.Now()
 		r, err := l.Peek(ctx, key)
 		if err != nil {
 			return 0, err
 		}
-		switch {
-		case f.json:
+		if f.json {
 			f.printJSON(newResultJSON(key, r))
-		case r.Remaining >= r.Limit:
-			fmt.Fprintf(c.stdout, "%q has %d of %d tokens (full)\n", key, r.Remaining, r.Limit)
-		case r.Remaining == 0:
-			fmt.Fprintf(c.stdout, "%q has 0 of %d tokens (empty): next token in %s, full in %s\n", key, r.Limit, human(r.RetryAfter), human(r.ResetAfter))
-		default:
-			fmt.Fprintf(c.stdout, "%q has %d of %d tokens, full in %s\n", key, r.Remaining, r.Limit, human(r.ResetAfter))
+		} else {
+			fmt.Fprintln(c.stdout, peekText(key, r, before))
 		}
 		return exitOK, nil // peeking checks nothing, so it is never "denied"
 	})
+}
+
+// peekText says what a peek found: the tokens (below zero: a debt), the
+// grants, when a check of 1 may pass if not now, and when the bucket is
+// full.
+func peekText(key string, r pgratelimit.Result, now time.Time) string {
+	state := ""
+	switch {
+	case r.Remaining >= r.Limit:
+		state = " (full)"
+	case r.Remaining == 0:
+		state = " (empty)"
+	case r.Remaining < 0:
+		state = fmt.Sprintf(" (a debt of %d)", -r.Remaining)
+	}
+	s := fmt.Sprintf("%q has %d of %d tokens%s%s", key, r.Remaining, r.Limit, state, grantedText(r))
+	var waits []string
+	switch {
+	case r.Allowed:
+	case r.RetryAfter == pgratelimit.InfDuration:
+		waits = append(waits, "refills alone will never cover a check of 1")
+	case r.Remaining == 0 && r.RetryAfter == r.ResetAfter: // one refill fills it
+		return s + ": full again " + whenIn(r.ResetAfter, now)
+	case r.Remaining == 0:
+		waits = append(waits, "next token "+whenIn(r.RetryAfter, now))
+	default:
+		waits = append(waits, "a check of 1 is allowed again "+whenIn(r.RetryAfter, now))
+	}
+	if r.Remaining < r.Limit {
+		waits = append(waits, fullness(r, now))
+	}
+	switch {
+	case len(waits) == 0:
+		return s
+	case r.Allowed:
+		return s + ", " + strings.Join(waits, ", ")
+	}
+	return s + ": " + strings.Join(waits, ", ")
 }
 
 func runRefund(ctx context.Context, c *cli, args []string) int {
@@ -181,7 +316,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 		return nil
 	}
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
+		key, before := pos[0], time.Now()
 		r, err := l.Refund(ctx, key, n)
 		if err != nil {
 			return 0, err
@@ -194,7 +329,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 		case r.Remaining >= r.Limit:
 			fmt.Fprintf(c.stdout, "refunded: %q is full, %d of %d tokens (a refund never fills a bucket past its capacity)\n", key, r.Remaining, r.Limit)
 		default:
-			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %d of %d tokens, %s\n", plural(n, "token", "tokens"), key, r.Remaining, r.Limit, fullness(r))
+			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %s, %s\n", plural(n, "token", "tokens"), key, holding(r), fullness(r, before))
 		}
 		return exitOK, nil
 	})
@@ -237,6 +372,9 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key := pos[0]
 		g, err := l.Grant(ctx, key, n, until)
+		if errors.Is(err, pgratelimit.ErrGrantExpired) {
+			return 0, fmt.Errorf("the grant's expiry, %s, is not in the future (by the database's clock): a grant is spent only before its expiry, so nothing was granted (give a later --expires)", until.Local().Format(time.DateTime+" MST"))
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -248,8 +386,12 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 			f.printJSON(map[string]any{"key": key, "grant": grantJSONOf(g), "granted": r.Granted, "remaining": r.Remaining, "limit": r.Limit})
 			return exitOK, nil
 		}
-		fmt.Fprintf(c.stdout, "granted %d to %q (grant %d, %s): %d granted in all, %d of %d in the bucket\n",
-			n, key, g.ID, expiryText(g.ExpiresAt), r.Granted, r.Remaining, r.Limit)
+		repaid := ""
+		if g.Amount < n {
+			repaid = fmt.Sprintf(", %d of it repaid the key's debt", n-g.Amount)
+		}
+		fmt.Fprintf(c.stdout, "granted %d to %q (grant %d, %s%s): %d granted in all, %d of %d in the bucket\n",
+			n, key, g.ID, expiryText(g.ExpiresAt), repaid, r.Granted, r.Remaining, r.Limit)
 		return exitOK, nil
 	})
 }
@@ -257,7 +399,7 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 func runBalance(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "balance").withPolicy()
 	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
+		key, before := pos[0], time.Now()
 		r, err := l.Peek(ctx, key)
 		if err != nil {
 			return 0, err
@@ -279,8 +421,12 @@ func runBalance(ctx context.Context, c *cli, args []string) int {
 			f.printJSON(j)
 			return exitOK, nil
 		}
+		bucket := fullness(r, before)
+		if r.Remaining < 0 {
+			bucket = fmt.Sprintf("a debt of %d, repaid by refills or grants; %s", -r.Remaining, bucket)
+		}
 		fmt.Fprintf(c.stdout, "%q: %d of %d tokens in the bucket (%s); %d granted in %s\n",
-			key, r.Remaining, r.Limit, fullness(r), r.Granted, plural(int64(len(gs)), "live grant", "live grants"))
+			key, r.Remaining, r.Limit, bucket, r.Granted, plural(int64(len(gs)), "live grant", "live grants"))
 		for _, g := range gs {
 			fmt.Fprintf(c.stdout, "  grant %d: %d left, %s (granted %s)\n", g.ID, g.Amount, expiryText(g.ExpiresAt), g.GrantedAt.UTC().Format(time.RFC3339))
 		}
@@ -308,7 +454,7 @@ func grantJSONOf(g pgratelimit.Grant) grantJSON {
 func runSettle(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "settle").withPolicy()
 	requestID := f.String("request-id", "", "the request ID of the estimate's check (required)")
-	actual := f.Int64("actual", -1, "the actual cost (required; 0 or more)")
+	actual := f.Int64("actual", -1, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
 	check := func([]string) error {
 		switch {
 		case *requestID == "":
@@ -319,19 +465,38 @@ func runSettle(ctx context.Context, c *cli, args []string) int {
 		return nil
 	}
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
-		r, err := l.Settle(ctx, key, *requestID, *actual)
+		key, id := pos[0], *requestID
+		// A request already settled at this cost makes this a replay: the
+		// library returns the first settlement and changes nothing.
+		rec, err := lookupRequest(ctx, l, key, id)
 		if err != nil {
 			return 0, err
 		}
-		if f.json {
-			j := newResultJSON(key, r)
-			j.RequestID = *requestID
-			f.printJSON(j)
-			return exitOK, nil
+		r, err := l.Settle(ctx, key, id, *actual)
+		switch {
+		case errors.Is(err, pgratelimit.ErrUnknownRequest):
+			return 0, fmt.Errorf("no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
+		case errors.Is(err, pgratelimit.ErrRequestMismatch) && rec != nil && rec.Settled:
+			return 0, fmt.Errorf("request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
+		case errors.Is(err, pgratelimit.ErrRequestMismatch) && rec != nil:
+			return 0, fmt.Errorf("request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, recordText(rec), key)
+		case errors.Is(err, pgratelimit.ErrRequestMismatch):
+			return 0, fmt.Errorf("request %q of %q was settled already at another cost, or names another operation: nothing changed", id, key)
+		case err != nil:
+			return 0, err
 		}
-		fmt.Fprintf(c.stdout, "settled request %q of %q at %d: %d of %d tokens%s%s\n",
-			*requestID, key, *actual, r.Remaining, r.Limit, grantedText(r), debtText(r))
+		replayed := rec != nil && rec.Settled && r == rec.Settlement
+		switch {
+		case f.json:
+			j := newResultJSON(key, r)
+			j.RequestID, j.Actual, j.Replayed = id, actual, &replayed
+			f.printJSON(j)
+		case replayed:
+			fmt.Fprintf(c.stdout, "replayed: request %q of %q was already settled at %d (nothing changed now); then it left %s%s\n",
+				id, key, *actual, holding(r), debtText(r))
+		default:
+			fmt.Fprintf(c.stdout, "settled request %q of %q at %d: %s%s\n", id, key, *actual, holding(r), debtText(r))
+		}
 		return exitOK, nil
 	})
 }
@@ -340,7 +505,7 @@ func debtText(r pgratelimit.Result) string {
 	if r.Remaining >= 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (a debt of %d: checks are denied until refills or grants repay it)", -r.Remaining)
+	return ": checks are denied until refills or grants repay the debt"
 }
 
 func runLedger(ctx context.Context, c *cli, args []string) int {
@@ -368,17 +533,9 @@ func runLedger(ctx context.Context, c *cli, args []string) int {
 			return 0, err
 		}
 		if f.json {
-			type entry struct {
-				ID        int64     `json:"id"`
-				At        time.Time `json:"at"`
-				Amount    int64     `json:"amount"`
-				Kind      string    `json:"kind"`
-				RequestID string    `json:"request_id,omitempty"`
-				Balance   int64     `json:"balance"`
-			}
-			out := []entry{}
+			out := []ledgerJSON{}
 			for _, e := range es {
-				out = append(out, entry{e.ID, e.At.UTC(), e.Amount, e.Kind, e.RequestID, e.Balance})
+				out = append(out, ledgerJSON{e.ID, e.At.UTC(), e.Amount, e.GrantsAmount, e.Kind, e.RequestID, e.Balance, e.Granted})
 			}
 			f.printJSON(out)
 			return exitOK, nil
@@ -387,14 +544,43 @@ func runLedger(ctx context.Context, c *cli, args []string) int {
 			fmt.Fprintf(c.stdout, "%q has no ledger entries (the ledger records limiters with Config.Ledger and the CLI's durable checks)\n", pos[0])
 		}
 		for _, e := range es {
-			line := fmt.Sprintf("%s  %-6s %+d  balance %d", e.At.UTC().Format(time.RFC3339Nano), e.Kind, e.Amount, e.Balance)
-			if e.RequestID != "" {
-				line += "  request " + strconv.Quote(e.RequestID)
-			}
-			fmt.Fprintln(c.stdout, line)
+			fmt.Fprintln(c.stdout, ledgerLine(e))
 		}
 		return exitOK, nil
 	})
+}
+
+// ledgerJSON is a ledger entry for --json.
+type ledgerJSON struct {
+	ID           int64     `json:"id"`
+	At           time.Time `json:"at"`
+	Amount       int64     `json:"amount"`
+	GrantsAmount int64     `json:"grants_amount"`
+	Kind         string    `json:"kind"`
+	RequestID    string    `json:"request_id,omitempty"`
+	Balance      int64     `json:"balance"`
+	Granted      int64     `json:"granted"`
+}
+
+// ledgerLine is a ledger entry for people: when, what, the change of the
+// balance (and the part of it in grants), the balance after it (and the
+// part of it in grants), and the request ID:
+//
+//	2026-11-25T09:58:03.123456Z  charge  -50 (grants -30)  balance 70 (granted 70)  request "call-1"
+func ledgerLine(e pgratelimit.LedgerEntry) string {
+	amount := fmt.Sprintf("%+d", e.Amount)
+	if e.GrantsAmount != 0 {
+		amount += fmt.Sprintf(" (grants %+d)", e.GrantsAmount)
+	}
+	balance := fmt.Sprintf("balance %d", e.Balance)
+	if e.Granted != 0 {
+		balance += fmt.Sprintf(" (granted %d)", e.Granted)
+	}
+	line := fmt.Sprintf("%-27s  %-6s  %s  %s", e.At.UTC().Format(time.RFC3339Nano), e.Kind, amount, balance)
+	if e.RequestID != "" {
+		line += "  request " + strconv.Quote(e.RequestID)
+	}
+	return line
 }
 
 func expiryText(t time.Time) string {

@@ -64,7 +64,7 @@ func commands() []command {
 		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T)", runGrant, 10 * time.Second, "", ""},
 		{"balance", "KEY", "show KEY's bucket and each of its live grants", runBalance, 10 * time.Second, "", ""},
 		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, "", ""},
-		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, refunds, grants, settlements, debits, resets", runLedger, 10 * time.Second, "", ""},
+		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, debits, refunds, grants, settlements, resets, grant expiries and plan changes", runLedger, 10 * time.Second, "", ""},
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, "", ""},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never", ""},

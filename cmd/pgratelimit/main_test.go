@@ -127,7 +127,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"allow", "k", "--cost", "many"}, `--cost wants a whole number, got "many"`},
 		{[]string{"allow", "k", "--cost"}, "--cost needs a value"},
 		{[]string{"allow", "k", "--cost", "0"}, "--cost must be at least 1, got 0"},
-		{[]string{"allow", "k", "--cost", "11"}, "--cost 11 is more than the bucket's capacity (--capacity 10)"},
+		{[]string{"allow", "k", "--cost", "11", "--storage", "ephemeral"}, "--cost 11 is more than the bucket's capacity (--capacity 10): with --storage ephemeral"},
+		{[]string{"bench", "--commit", "later"}, `--commit must be sync or async, got "later"`},
+		{[]string{"bench", "--commit", "async", "--grants", "5"}, "--commit async does not go with --grants"},
 		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be at least 1, got 0"},
 		{[]string{"allow", "k", "--interval", "1x"}, "--interval wants a duration"},
 		{[]string{"allow", "k", "--storage", "floppy"}, "--storage must be durable or ephemeral"},
@@ -211,7 +213,7 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 0, code, "peeking checks nothing, so it never exits 1")
 		require.NotContains(t, out, "denied")
 		require.NotContains(t, out, "allowed")
-		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): next token in \S+, full in \S+\n$`, out)
+		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): next token in (\d+m|\d+m \d+s), full in 2h \d+m\n$`, out)
 
 		code, out, _ = pgrl(url, with("peek", "never-seen")...)
 		require.Equal(t, 0, code)
@@ -229,7 +231,7 @@ func TestMessages(t *testing.T) {
 		code, out, _ = pgrl(url, with("refund", "ref", "1")...)
 		require.Equal(t, 0, code)
 		require.NotContains(t, out, "allowed")
-		require.Regexp(t, `^refunded 1 token to "ref": it has 1 of 3 tokens, full in \S+\n$`, out)
+		require.Regexp(t, `^refunded 1 token to "ref": it has 1 of 3 tokens, full in 1h \d+m\n$`, out)
 		code, out, _ = pgrl(url, with("refund", "ref", "5")...)
 		require.Equal(t, 0, code)
 		require.Equal(t, "refunded: \"ref\" is full, 3 of 3 tokens (a refund never fills a bucket past its capacity)\n", out)
@@ -240,13 +242,13 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 0, code)
 		code, out, _ := pgrl(url, with("allow", "den", "--cost", "2")...)
 		require.Equal(t, 1, code)
-		require.Regexp(t, `^denied: "den" has 1 of 3 tokens, not the 2 asked for \(nothing taken\); retry in \S+\n$`, out)
+		require.Regexp(t, `^denied: "den" has 1 of 3 tokens, not the 2 asked for \(nothing taken\); retry in \d+m( \d+s)?\n$`, out)
 	})
 
 	t.Run("errors name the command once", func(t *testing.T) {
 		for _, args := range [][]string{
 			with("allow", "k", "--cost", "0"),
-			with("allow", "k", "--cost", "4"),
+			append(with("allow", "k", "--cost", "4"), "--storage", "ephemeral"),
 			with("allow", ""),
 			with("refund", "k", "0"),
 		} {
@@ -447,6 +449,7 @@ func TestDemoInterrupt(t *testing.T) {
 			break
 		}
 	}
+	require.NotEmpty(t, lines, "the demo printed nothing before it exited (its error is on stderr)")
 	require.Equal(t, "Ctrl-C to stop.", lines[len(lines)-1], "%q", lines)
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	for out.Scan() {
@@ -482,7 +485,7 @@ func TestGrantAndBalance(t *testing.T) {
 
 	code, out, _ = pgrl(url, with("allow", "acme", "--cost", "4")...)
 	require.Equal(t, 0, code, out)
-	require.Contains(t, out, `allowed: took 4 tokens from "acme": 0 of 10 left and 8 granted`)
+	require.Contains(t, out, `allowed: took 4 tokens from "acme" (2 from the bucket, 2 from grants): 0 of 10 left and 8 granted`)
 
 	code, out, _ = pgrl(url, with("allow", "acme", "--cost", "9")...)
 	require.Equal(t, 1, code, "denied exits 1")
@@ -491,9 +494,10 @@ func TestGrantAndBalance(t *testing.T) {
 	code, out, stderr = pgrl(url, with("grant", "acme", "5", "--expires", "2999-01-01")...)
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, out, "expires 2999-01-01T00:00:00Z): 13 granted in all")
-	code, _, stderr = pgrl(url, with("grant", "acme", "7", "--expires", "2000-01-01T00:00:00Z")...)
+	code, out, stderr = pgrl(url, with("grant", "acme", "7", "--expires", "2000-01-01T00:00:00Z")...)
 	require.Equal(t, 2, code, "a grant that has expired already is refused")
-	require.Contains(t, stderr, "pgratelimit grant: grant expiry is not in the future")
+	require.Empty(t, out)
+	require.Regexp(t, `^pgratelimit grant: the grant's expiry, 2000-01-01 \d\d:00:00 \S+, is not in the future \(by the database's clock\): a grant is spent only before its expiry, so nothing was granted \(give a later --expires\)\n$`, stderr)
 
 	code, out, _ = pgrl(url, with("balance", "acme")...)
 	require.Equal(t, 0, code)
@@ -562,8 +566,10 @@ func TestAllowSpendsGrantsExactly(t *testing.T) {
 	require.Contains(t, out, `"granted":0`)
 }
 
-// allow --request-id charges once (a repeat prints the first outcome and
-// exits as it did), settle brings it to its actual cost, ledger lists it.
+// allow --request-id charges once (a repeat says it is a replay, prints the
+// first outcome and exits as it did; another cost is refused), settle brings
+// it to its actual cost (once: again at the same cost is a replay, at
+// another refused), ledger lists it.
 func TestRequestIDSettleLedger(t *testing.T) {
 	t.Parallel()
 	url := testdb.NewSchema(t).URL(t)
@@ -572,32 +578,59 @@ func TestRequestIDSettleLedger(t *testing.T) {
 
 	code, first, stderr := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1")...)
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, first, "60 of 100 left")
+	require.Regexp(t, `^allowed: took 40 tokens from "acme": 60 of 100 left, full in \S+`, first)
 	code, again, _ := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1")...)
+	require.Equal(t, 0, code, "a replay exits as the first outcome did")
+	firstOutcome, _, _ := strings.Cut(first, ", full in ") // (the moment it gives is counted from the first check's time)
+	require.Regexp(t, `^replayed: request "call-1" was already charged at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \(nothing taken now\); its outcome then: `+regexp.QuoteMeta(firstOutcome)+", full in ", again)
+	code, out, _ := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1", "--json")...)
 	require.Equal(t, 0, code)
-	require.Equal(t, first, again, "a repeat prints the first outcome")
+	require.Contains(t, out, `"remaining":60,`)
+	require.Contains(t, out, `"replayed":true`)
+	code, out, _ = pgrl(url, with("peek", "acme")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"acme" has 60 of 100 tokens`, "replays charged nothing")
 
-	code, out, stderr := pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "25")...)
+	// The same ID for another cost is refused, and changes nothing.
+	code, out, stderr = pgrl(url, with("allow", "acme", "--cost", "41", "--request-id", "call-1")...)
+	require.Equal(t, 2, code)
+	require.Empty(t, out)
+	require.Equal(t, "pgratelimit allow: request ID \"call-1\" was used on \"acme\" for a charge of 40, not a charge of 41: nothing taken (a new charge needs a new ID)\n", stderr)
+	code, out, _ = pgrl(url, with("allow", "acme", "--cost", "5", "--request-id", "call-2", "--json")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"remaining":55,`)
+	require.Contains(t, out, `"replayed":false`, "a new ID is no replay")
+
+	code, out, stderr = pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "25")...)
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, out, `settled request "call-1" of "acme" at 25: 75 of 100 tokens`)
+	require.Equal(t, "settled request \"call-1\" of \"acme\" at 25: 70 of 100 tokens\n", out)
 	code, again, _ = pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "25")...)
 	require.Equal(t, 0, code)
-	require.Equal(t, out, again, "settling again at the same actual returns the first")
-	code, _, stderr = pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "99")...)
+	require.Equal(t, "replayed: request \"call-1\" of \"acme\" was already settled at 25 (nothing changed now); then it left 70 of 100 tokens\n", again)
+	code, again, _ = pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "25", "--json")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, again, `"replayed":true`)
+	require.Contains(t, again, `"actual":25`)
+	code, out, stderr = pgrl(url, with("settle", "acme", "--request-id", "call-1", "--actual", "99")...)
 	require.Equal(t, 2, code, "settling again at another actual is refused")
-	require.Contains(t, stderr, "pgratelimit settle: request ID reused with another operation or amount")
+	require.Empty(t, out)
+	require.Equal(t, "pgratelimit settle: request \"call-1\" of \"acme\" was settled already, at 25, not 99: a settlement is final (nothing changed)\n", stderr)
 	code, _, stderr = pgrl(url, with("settle", "acme", "--request-id", "nope", "--actual", "1")...)
 	require.Equal(t, 2, code)
-	require.Contains(t, stderr, "request ID")
+	require.Equal(t, "pgratelimit settle: no allowed charge with request ID \"nope\" is remembered for \"acme\" (never allowed, or past its retention): nothing to settle\n", stderr)
 	code, _, _ = pgrl(url, with("settle", "acme", "--actual", "1")...)
 	require.Equal(t, 2, code, "--request-id is required")
+	code, out, _ = pgrl(url, with("peek", "acme", "--json")...)
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"remaining":70,`, "the refused settlement changed nothing")
 
 	code, out, _ = pgrl(url, with("ledger", "acme")...)
 	require.Equal(t, 0, code)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 2, out)
+	require.Len(t, lines, 3, out)
 	require.Regexp(t, `charge\s+-40\s+balance 60\s+request "call-1"`, lines[0])
-	require.Regexp(t, `settle\s+\+15\s+balance 75\s+request "call-1"`, lines[1])
+	require.Regexp(t, `charge\s+-5\s+balance 55\s+request "call-2"`, lines[1])
+	require.Regexp(t, `settle\s+\+15\s+balance 70\s+request "call-1"`, lines[2])
 	code, out, _ = pgrl(url, with("ledger", "acme", "--json", "--since", "1h")...)
 	require.Equal(t, 0, code)
 	var entries []struct {
@@ -606,8 +639,8 @@ func TestRequestIDSettleLedger(t *testing.T) {
 		Balance int64  `json:"balance"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &entries))
-	require.Len(t, entries, 2)
-	require.Equal(t, int64(75), entries[1].Balance)
+	require.Len(t, entries, 3)
+	require.Equal(t, int64(70), entries[2].Balance)
 }
 
 // Calendar periods from the policy flags: --every, --tz, --anchor.
