@@ -353,8 +353,8 @@ func (w *walker) allowAll() {
 	}
 	now := w.clock.Now()
 	sa, sb := w.model[a], w.model[b]
-	na, xa, ea := account.Apply(p, *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id, Retention: 24 * time.Hour})
-	nb, xb, eb := account.Apply(p, *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id, Retention: 24 * time.Hour})
+	na, xa, ea := account.Apply(p, *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id, Retention: 24 * time.Hour, Ledger: true})
+	nb, xb, eb := account.Apply(p, *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id, Retention: 24 * time.Hour, Ledger: true})
 	ra, rb := id != "" && live(sa, id, now), id != "" && live(sb, id, now)
 	if ea != nil || eb != nil || ra != rb {
 		require.Error(t, err, "AllowAll %s %d, %s %d, id %q: the model says %v %v (recorded %v %v)", a, ca, b, cb, id, ea, eb, ra, rb)
@@ -434,7 +434,9 @@ func (w *walker) audit() {
 		es, err := l.Ledger(ctx, k, time.Time{})
 		require.NoError(t, err)
 		want := w.ledger[k]
-		require.Len(t, es, len(want), "key %s: ledger rows", k)
+		if len(es) != len(want) {
+			t.Fatalf("key %s: %d ledger rows, the model wrote %d", k, len(es), len(want))
+		}
 		for i, e := range es {
 			x := want[i]
 			require.Equal(t, []any{x.Kind.String(), x.Amount, x.GrantsAmount, x.Balance, x.Granted, x.id},

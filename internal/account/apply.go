@@ -20,17 +20,20 @@ type Op struct {
 	ID string
 	// Retention is how long a record of ID is remembered.
 	Retention time.Duration
-	// GrantID, ExpiresAt (zero: never) and Ledger are a grant's.
+	// GrantID and ExpiresAt (zero: never) are a grant's.
 	GrantID   int64
 	ExpiresAt time.Time
-	Ledger    bool
+	// Ledger says the caller keeps a ledger: the Change has its entries
+	// (else none), and a grant made is marked so (Grant.Ledger).
+	Ledger bool
 }
 
 // Change is what Apply did besides the new State.
 type Change struct {
 	Outcome
-	// Entries are the ledger entries, in order: plan changes and expiries
-	// first, then the operation's. None for a denied operation or a replay.
+	// Entries are the ledger entries (with Op.Ledger), in order: plan
+	// changes and expiries first, then the operation's. None for a denied
+	// operation or a replay.
 	Entries []Entry
 	// Replayed says the outcome is a record's: nothing changed.
 	Replayed bool
@@ -65,27 +68,28 @@ func Apply(p Policy, s State, now time.Time, op Op) (State, Change, error) {
 	case recorded:
 		return replay(s, rec, op)
 	}
-	w := load(p, s, now)
+	w := load(p, s, now, op.Ledger)
+	var spent Spent
 	switch op.Kind {
 	case OpCharge, OpDebit:
-		spent, ok := w.take(op.Amount, op.Kind == OpDebit)
-		if !ok {
+		var ok bool
+		if spent, ok = w.take(op.Amount, op.Kind == OpDebit, op.ID != ""); !ok {
 			return s, Change{Outcome: Look(p, s, now, op.Amount)}, nil
 		}
-		rec = Record{Kind: op.Kind, Amount: op.Amount, Spent: spent}
 	case OpRefund:
 		w.toBucket(op.Amount)
-		rec = Record{Kind: op.Kind, Amount: op.Amount}
 	case OpGrant:
 		if !op.ExpiresAt.IsZero() && !now.Before(op.ExpiresAt) {
 			return s, Change{}, ErrGrantExpired
 		}
 		w.grants = append(w.grants, Grant{ID: op.GrantID, Amount: op.Amount, ExpiresAt: op.ExpiresAt, GrantedAt: now, Ledger: op.Ledger})
-		rec = Record{Kind: op.Kind, Amount: op.Amount}
 	case OpReset:
 		w.b = p.Fresh(now)
 	}
-	return w.finish(s, op, &rec)
+	if op.ID == "" || op.Kind == OpReset {
+		return w.finish(s, op, nil)
+	}
+	return w.finish(s, op, &Record{Kind: op.Kind, Amount: op.Amount, Spent: spent})
 }
 
 // replay answers op from rec, the live record of its ID: the first outcome,
@@ -107,10 +111,10 @@ func settle(p Policy, s State, now time.Time, op Op, rec Record) (State, Change,
 	case rec.Settled:
 		return s, Change{Outcome: rec.Settlement, Replayed: true}, nil
 	}
-	w := load(p, s, now)
+	w := load(p, s, now, op.Ledger)
 	switch diff := subSat(op.Amount, rec.Amount); {
 	case diff > 0:
-		w.take(diff, true)
+		w.take(diff, true, false)
 	case diff < 0:
 		w.giveBack(-diff, rec.Spent)
 	}
@@ -170,7 +174,8 @@ func firstExpiry(gs []Grant, now, until time.Time) (time.Time, bool) {
 }
 
 // work is an operation under way: s's bucket loaded, its grants copied in
-// spend order with the expired ones emptied, and the entries so far.
+// spend order with the expired ones emptied, the balance then, and the
+// entries so far (with a ledger).
 type work struct {
 	p       Policy
 	now     time.Time
@@ -179,23 +184,29 @@ type work struct {
 	plan    int64
 	grants  []Grant
 	entries []Entry
+	// before and grantedBefore are the balance and its live grants once
+	// loaded, before the operation.
+	before, grantedBefore int64
 }
 
-func load(p Policy, s State, now time.Time) *work {
+func load(p Policy, s State, now time.Time, ledger bool) work {
 	b, plan := p.Load(s.Bucket, now)
-	w := &work{p: p, now: now, b: b, loaded: b.Tokens, plan: plan, grants: slices.Clone(s.Grants)}
+	w := work{p: p, now: now, b: b, loaded: b.Tokens, plan: plan, grants: slices.Clone(s.Grants)}
 	slices.SortFunc(w.grants, CompareGrants)
 	balance := AddSat(b.Tokens, sumAmounts(w.grants))
-	if plan != 0 {
+	if plan != 0 && ledger {
 		w.entries = append(w.entries, Entry{Kind: OpPlan, Amount: plan, Balance: balance, Granted: sumAmounts(w.grants)})
 	}
 	for i, g := range w.grants {
 		if g.Amount > 0 && !g.Live(now) {
 			w.grants[i].Amount = 0
 			balance = subSat(balance, g.Amount)
-			w.entries = append(w.entries, Entry{Kind: OpExpire, Amount: -g.Amount, GrantsAmount: -g.Amount, Balance: balance, Granted: sumAmounts(w.grants)})
+			if ledger {
+				w.entries = append(w.entries, Entry{Kind: OpExpire, Amount: -g.Amount, GrantsAmount: -g.Amount, Balance: balance, Granted: sumAmounts(w.grants)})
+			}
 		}
 	}
+	w.before, w.grantedBefore = balance, sumAmounts(w.grants)
 	return w
 }
 
@@ -210,18 +221,23 @@ func sumAmounts(gs []Grant) int64 {
 
 // take takes n: from the bucket's tokens first, then from the grants in
 // order, and (debt) the rest as a debt; without debt only when the balance
-// covers n.
-func (w *work) take(n int64, debt bool) (Spent, bool) {
+// covers n. With where, it says where it took from.
+func (w *work) take(n int64, debt, where bool) (Spent, bool) {
 	g := Granted(w.grants, w.now)
 	if !debt && AddSat(w.b.Tokens, g) < n {
 		return Spent{}, false
 	}
 	sp := Spent{Known: true, Bucket: min(max(w.b.Tokens, 0), n)}
 	w.b.Tokens -= sp.Bucket
-	sp.Grants = w.spendGrants(n - sp.Bucket)
 	left := n - sp.Bucket
-	for _, part := range sp.Grants {
-		left -= part.Amount
+	if left > 0 {
+		sp.Grants = w.spendGrants(left)
+		for _, part := range sp.Grants {
+			left -= part.Amount
+		}
+	}
+	if !where {
+		sp = Spent{}
 	}
 	if left > 0 {
 		w.b.Tokens = max(subSat(w.b.Tokens, left), -math.MaxInt64) // a debt; -MaxInt64 at most, so that it negates
@@ -283,7 +299,7 @@ func (w *work) giveBack(n int64, sp Spent) {
 
 // finish ends an allowed operation: a debt is repaid from the live grants,
 // the bucket's expiry moves forward if it changed, and the outcome, the
-// entry, the record and the new state are made.
+// entry, the record (rec, when op has an ID) and the new state are made.
 func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 	if w.b.Tokens < 0 {
 		for _, part := range w.spendGrants(-w.b.Tokens) {
@@ -296,20 +312,18 @@ func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 		ns.Bucket = w.b
 	}
 	o := w.outcome()
-	c := Change{Outcome: o, Entries: w.entries, Reset: op.Kind == OpReset}
-	before, grantsBefore := AddSat(w.loaded, Granted(s.Grants, w.now)), Granted(s.Grants, w.now)
-	if len(w.entries) > 0 {
-		last := w.entries[len(w.entries)-1]
-		before, grantsBefore = last.Balance, last.Granted
-	}
-	if amount := subSat(AddSat(o.Remaining, o.Granted), before); amount != 0 || op.Kind == OpCharge {
-		c.Entries = append(c.Entries, Entry{Kind: op.Kind, Amount: amount, GrantsAmount: subSat(o.Granted, grantsBefore),
-			Balance: AddSat(o.Remaining, o.Granted), Granted: o.Granted})
+	c := Change{Outcome: o, Reset: op.Kind == OpReset}
+	if op.Ledger {
+		c.Entries = w.entries
+		if amount := subSat(AddSat(o.Remaining, o.Granted), w.before); amount != 0 || op.Kind == OpCharge {
+			c.Entries = append(c.Entries, Entry{Kind: op.Kind, Amount: amount, GrantsAmount: subSat(o.Granted, w.grantedBefore),
+				Balance: AddSat(o.Remaining, o.Granted), Granted: o.Granted})
+		}
 	}
 	if op.Kind == OpGrant {
 		c.Grant = w.grants[slices.IndexFunc(w.grants, func(g Grant) bool { return g.ID == op.GrantID })]
 	}
-	if op.ID != "" && op.Kind != OpReset {
+	if rec != nil {
 		if op.Kind == OpSettle {
 			rec.Settlement = o
 		} else {

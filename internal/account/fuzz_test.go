@@ -56,8 +56,15 @@ func (w *walk) id() string {
 	return id
 }
 
-// op decodes the next operation.
+// op decodes the next operation, with a ledger.
 func (w *walk) op() Op {
+	op := w.op1()
+	op.Ledger = true
+	return op
+}
+
+// op1 decodes the next operation.
+func (w *walk) op1() Op {
 	retention := time.Duration(w.byte()%4+1) * time.Hour
 	switch k := w.byte() % 12; {
 	case k < 5:
@@ -120,6 +127,16 @@ func (w *walk) step(t *testing.T) {
 	tokens, granted := balanceOf(p, w.s, w.now)
 	ns, c, err := Apply(p, w.s, w.now, op)
 	nc, cc, cerr := Apply(p, w.clean, w.now, op)
+	// Without a ledger: the same state and outcome, no entries.
+	quiet := op
+	quiet.Ledger = false
+	if op.Kind == OpGrant {
+		quiet.Ledger = true // a grant's mark is part of the state
+	}
+	qs, qc, qerr := Apply(p, w.s, w.now, quiet)
+	if !errors.Is(qerr, err) || qc.Outcome != c.Outcome || (op.Kind != OpGrant && len(qc.Entries) > 0) || !reflect.DeepEqual(qs.Bucket, ns.Bucket) {
+		w.fail(t, "without a ledger: %+v %v, with: %+v %v", qc, qerr, c, err)
+	}
 	if !errors.Is(cerr, err) || cc.Outcome != c.Outcome || cc.Replayed != c.Replayed {
 		w.fail(t, "cleanup changed a decision: %+v %v, without cleanup %+v %v", cc, cerr, c, err)
 	}
