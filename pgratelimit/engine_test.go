@@ -350,7 +350,7 @@ func TestChainAfterAFailedTransaction(t *testing.T) {
 	}
 	for _, ddl := range []string{
 		`CREATE FUNCTION boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'boom'; END $$`,
-		`CREATE TRIGGER boom BEFORE UPDATE ON ` + DurableTable + ` FOR EACH ROW WHEN (NEW.key = 'boom') EXECUTE FUNCTION boom()`,
+		`CREATE TRIGGER boom BEFORE UPDATE ON pgratelimit_buckets FOR EACH ROW WHEN (NEW.key = 'boom') EXECUTE FUNCTION boom()`,
 	} {
 		if _, err := pool.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)

@@ -38,18 +38,6 @@ func (s Storage) String() string {
 	return fmt.Sprintf("Storage(%d)", int(s))
 }
 
-// The tables, created by the migrations in package migrations.
-//
-// Deprecated: only the CLI used them; they are of no use to a limiter's
-// user, and will go in v0.2.0.
-const (
-	DurableTable   = sqlgen.DurableTable
-	EphemeralTable = sqlgen.EphemeralTable
-	GrantsTable    = sqlgen.GrantsTable
-	RequestsTable  = sqlgen.RequestsTable
-	LedgerTable    = sqlgen.LedgerTable
-)
-
 func (s Storage) statements() *sqlgen.Statements { return engine.Storage(s).Statements() }
 
 // Config is a Limiter's policy: a token bucket of Capacity tokens per key that
