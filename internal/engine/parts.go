@@ -61,6 +61,11 @@ func (a *Attempt) Held(r Row) bool { return a.state[r] != nil }
 // Own says whether a is a transaction of its own (else the caller's).
 func (a *Attempt) Own() bool { return a.own }
 
+// Shape is the statement shape of a's transaction: a part's or an
+// observer's statements over rows of values go through its Values, so that
+// many rows go as arrays where the transaction's own statements do.
+func (a *Attempt) Shape() Shape { return a.shape }
+
 // Local returns the value that owner (a Part or an Observer) keeps in a,
 // made by mk the first time: its state for one try of a transaction.
 func (a *Attempt) Local(owner any, mk func() any) any {
