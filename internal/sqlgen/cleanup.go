@@ -17,8 +17,8 @@ type CleanupTable struct {
 }
 
 // CleanupTables are what cleanup deletes: buckets full again (expired),
-// grants spent or expired, request IDs past their retention, and, with a
-// ledgerRetention, ledger rows older than it.
+// grants spent or expired, request IDs past their retention, leases past
+// their expiry, and, with a ledgerRetention, ledger rows older than it.
 func CleanupTables(ledgerRetention time.Duration) []CleanupTable {
 	expired := func(now string) string { return "expires_at <= " + now }
 	ts := []CleanupTable{
@@ -29,6 +29,10 @@ func CleanupTables(ledgerRetention time.Duration) []CleanupTable {
 		// amount to 0).
 		{Name: GrantsTable, Dead: func(now string) string { return "(amount = 0 OR expires_at <= " + now + " AND NOT ledger)" }},
 		{Name: RequestsTable, Dead: expired, Order: "ORDER BY expires_at"},
+		// A lease past its expiry counts for nothing (released ones are
+		// deleted at once).
+		{Name: LeasesTable, Dead: expired},
+		{Name: EphemeralLeasesTable, Dead: expired},
 	}
 	if ledgerRetention > 0 {
 		age := "interval '" + Interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
