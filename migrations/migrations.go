@@ -109,6 +109,12 @@ var ErrNoCitus = errors.New("pgratelimit migrations: the citus extension is not 
 // it on the coordinator after Up (and again after an Up that added a table);
 // running it again is a no-op. It returns ErrNoCitus when the citus
 // extension is missing.
+//
+// The usage alert tables (pgratelimit_alert_state and pgratelimit_events,
+// migration 00008) stay on the coordinator, not distributed: consumers claim
+// events across keys with FOR UPDATE SKIP LOCKED, which Citus runs only on
+// one shard, and only a charge that fires an alert writes to them (its
+// transaction then spans the coordinator and the key's node).
 func Distribute(ctx context.Context, db *sql.DB) error {
 	var citus bool
 	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {

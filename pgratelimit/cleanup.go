@@ -32,6 +32,11 @@ type CleanupOptions struct {
 	// than it. Defaults to 0: the ledger is kept.
 	LedgerRetention time.Duration
 
+	// EventRetention is how long delivered usage alert events
+	// (Config.Alerts) are kept after their delivery; undelivered events are
+	// never deleted. Defaults to DefaultEventRetention (7 days).
+	EventRetention time.Duration
+
 	// MeterProvider receives the pgratelimit.cleanup.deleted counter.
 	// Defaults to otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
@@ -47,6 +52,12 @@ func (o *CleanupOptions) setDefaults() error {
 	if o.LedgerRetention < 0 {
 		return fmt.Errorf("%w: LedgerRetention must be >= 0, got %s", ErrInvalidConfig, o.LedgerRetention)
 	}
+	if o.EventRetention < 0 {
+		return fmt.Errorf("%w: EventRetention must be >= 0, got %s", ErrInvalidConfig, o.EventRetention)
+	}
+	if o.EventRetention == 0 {
+		o.EventRetention = DefaultEventRetention
+	}
 	if o.BatchSize == 0 {
 		o.BatchSize = 1000
 	}
@@ -55,6 +66,10 @@ func (o *CleanupOptions) setDefaults() error {
 	}
 	return nil
 }
+
+// DefaultEventRetention is how long cleanup keeps delivered events unless
+// CleanupOptions.EventRetention says otherwise.
+const DefaultEventRetention = 7 * 24 * time.Hour
 
 // CleanupStats describes one cleanup run.
 type CleanupStats struct {
@@ -84,8 +99,10 @@ const cleanupLockClass int32 = 0x70676c63
 // a check treats exactly like missing rows, and the grants that are spent
 // (or expired, once their expiry is in the ledger), which no check spends;
 // so deleting them never changes a decision. It also forgets request IDs
-// past their retention (Config.RequestIDRetention), and, with
-// opts.LedgerRetention, ledger rows older than it. It deletes in batches of
+// past their retention (Config.RequestIDRetention), the alert state of
+// periods that have ended (Config.Alerts), usage alert events delivered
+// longer ago than opts.EventRetention, and, with opts.LedgerRetention,
+// ledger rows older than it. It deletes in batches of
 // opts.BatchSize, one short transaction each, skipping rows that a check has
 // locked (FOR UPDATE SKIP LOCKED), until a batch comes back short or ctx
 // ends. It returns the number of rows deleted, also when it stops on an
@@ -105,7 +122,7 @@ func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions,
 	start := time.Now()
 	counter := cleanupCounter(opts.MeterProvider)
 	run, err := cleanup.Run(ctx, pool, cleanup.Options{BatchSize: opts.BatchSize, Clock: opts.Clock,
-		StatementTimeout: opts.StatementTimeout, LedgerRetention: opts.LedgerRetention, Exclusive: exclusive,
+		StatementTimeout: opts.StatementTimeout, LedgerRetention: opts.LedgerRetention, EventRetention: opts.EventRetention, Exclusive: exclusive,
 		Deleted: func(ctx context.Context, n int64) { counter.Add(ctx, n) }})
 	return CleanupStats{Deleted: run.Deleted, Batches: run.Batches, Skipped: run.Skipped, Duration: time.Since(start)}, err
 }
@@ -116,12 +133,13 @@ type CleanerConfig struct {
 	// jitter so instances drift apart. Defaults to 1 minute.
 	Interval time.Duration
 
-	// BatchSize, Clock, StatementTimeout, LedgerRetention and
-	// MeterProvider are as in CleanupOptions.
+	// BatchSize, Clock, StatementTimeout, LedgerRetention,
+	// EventRetention and MeterProvider are as in CleanupOptions.
 	BatchSize        int
 	Clock            func() time.Time
 	StatementTimeout time.Duration
 	LedgerRetention  time.Duration
+	EventRetention   time.Duration
 	MeterProvider    metric.MeterProvider
 
 	// Logger receives a line per run (rows deleted, batches, duration) at
@@ -157,7 +175,7 @@ func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Minute
 	}
-	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout, LedgerRetention: cfg.LedgerRetention, MeterProvider: cfg.MeterProvider}
+	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout, LedgerRetention: cfg.LedgerRetention, EventRetention: cfg.EventRetention, MeterProvider: cfg.MeterProvider}
 	if err := opts.setDefaults(); err != nil {
 		return nil, err
 	}

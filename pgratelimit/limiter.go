@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/alert"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
@@ -181,6 +182,14 @@ type Config struct {
 	// the context's deadline bounds it.
 	MaxWait time.Duration
 
+	// Alerts are usage alerts: events written in the transaction of the
+	// charge that crosses a line (80% of the quota used, the balance at or
+	// below 100, a denial once it is spent), once per key and period, for a
+	// Consumer to deliver (see Alerts, Event). Needs Storage Durable. A
+	// charge that crosses no line costs a few comparisons in Go. Defaults
+	// to none.
+	Alerts Alerts
+
 	// Logger receives the limiter's diagnostics. Defaults to nil: discard.
 	Logger *slog.Logger
 
@@ -243,6 +252,9 @@ func (c Config) validate() error {
 	if c.RequestIDRetention < 0 {
 		return bad("RequestIDRetention must be >= 0, got %s", c.RequestIDRetention)
 	}
+	if why := c.Alerts.validate(c.Storage); why != "" {
+		return bad("%s", why)
+	}
 	return nil
 }
 
@@ -291,6 +303,7 @@ type Limiter struct {
 	deny    *denyCache    // nil: off (Config.DenyCacheSize)
 	log     *slog.Logger
 	metrics *instruments
+	alerts  *alert.Observer // nil: no Config.Alerts
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -324,6 +337,7 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 		p:       cfg.policy(),
 		log:     log,
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
+		alerts:  newAlertObserver(cfg),
 	}
 	if cfg.Clock != nil {
 		l.clock = &engine.Clock{Now: cfg.Clock}
@@ -497,7 +511,11 @@ func (l *Limiter) charge(key string, cost int64) engine.Charge {
 	if retention == 0 {
 		retention = DefaultRequestIDRetention
 	}
-	return engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention}
+	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention}
+	if l.alerts != nil {
+		c.Observer = l.alerts
+	}
+	return c
 }
 
 // change runs a request of kind on key (not a check: never coalesced), with

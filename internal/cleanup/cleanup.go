@@ -1,6 +1,7 @@
 // Package cleanup deletes the rows no check tells from missing ones:
 // buckets full again, spent and expired grants, request IDs past their
-// retention and, if asked, old ledger rows. It deletes in batches, one short
+// retention, the alert state of past periods and, if asked, old ledger rows
+// and delivered events. It deletes in batches, one short
 // transaction each, skipping rows a check holds; on Citus, shard by shard on
 // the nodes that hold them (internal/citus says where).
 package cleanup
@@ -23,6 +24,7 @@ type Options struct {
 	Clock            func() time.Time // nil: the database's
 	StatementTimeout time.Duration
 	LedgerRetention  time.Duration
+	EventRetention   time.Duration // 0: keep delivered events
 	// Deleted, if not nil, is told the rows each batch deleted.
 	Deleted func(ctx context.Context, n int64)
 	// Exclusive takes the schema's cleanup advisory lock in each batch,
@@ -55,7 +57,7 @@ func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (Stats, error) {
 	pools := citus.NewPools(pool)
 	pools.One, pools.ConnectTimeout = true, opts.StatementTimeout
 	defer pools.Close()
-	for _, ct := range sqlgen.CleanupTables(opts.LedgerRetention) {
+	for _, ct := range sqlgen.CleanupTables(opts.LedgerRetention, opts.EventRetention) {
 		parts, err := partsOf(ctx, pool, d, ct, pools)
 		if err != nil {
 			return st, engine.DBError("delete expired rows of "+ct.Name, err)

@@ -18,8 +18,10 @@ type CleanupTable struct {
 
 // CleanupTables are what cleanup deletes: buckets full again (expired),
 // grants spent or expired, request IDs past their retention, leases past
-// their expiry, and, with a ledgerRetention, ledger rows older than it.
-func CleanupTables(ledgerRetention time.Duration) []CleanupTable {
+// their expiry, with a ledgerRetention ledger rows older than it, the alert
+// state of periods that have ended, and, with an eventRetention, events
+// delivered longer ago than it (never undelivered ones).
+func CleanupTables(ledgerRetention, eventRetention time.Duration) []CleanupTable {
 	expired := func(now string) string { return "expires_at <= " + now }
 	ts := []CleanupTable{
 		{Name: DurableTable, Dead: expired},
@@ -37,6 +39,11 @@ func CleanupTables(ledgerRetention time.Duration) []CleanupTable {
 	if ledgerRetention > 0 {
 		age := "interval '" + Interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits
 		ts = append(ts, CleanupTable{Name: LedgerTable, Dead: func(now string) string { return "at <= " + now + " - " + age }, Order: "ORDER BY at"})
+	}
+	ts = append(ts, CleanupTable{Name: AlertStateTable, Dead: func(now string) string { return "period_end <= " + now }})
+	if eventRetention > 0 {
+		age := "interval '" + Interval(eventRetention) + "'"
+		ts = append(ts, CleanupTable{Name: EventsTable, Dead: func(now string) string { return "delivered_at <= " + now + " - " + age }})
 	}
 	return ts
 }

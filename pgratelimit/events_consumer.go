@@ -1,0 +1,369 @@
+package pgratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// EventHandler delivers one event. It runs inside the consumer's
+// transaction, which holds the event's row locked and marks it delivered
+// when the handler returns nil: tx is a savepoint of it, so what the
+// handler writes with tx (a row of its own, a River job with InsertTx)
+// commits exactly when the event is marked delivered, and is rolled back
+// when the handler returns an error. Work outside the database (an email,
+// a webhook) may be done twice if the consumer dies before it commits: use
+// Event.ID to do it once.
+type EventHandler func(ctx context.Context, tx pgx.Tx, e Event) error
+
+// ConsumerConfig configures a Consumer. Handler is required.
+type ConsumerConfig struct {
+	// Handler delivers each event. Required.
+	Handler EventHandler
+
+	// Prefixes, when set, limits the consumer to the events of these
+	// limiter prefixes. Defaults to nil: every event.
+	Prefixes []string
+
+	// BatchSize is how many events one transaction claims and delivers at
+	// most. Defaults to 20.
+	BatchSize int
+
+	// PollInterval is how often the consumer looks for events when no
+	// notification wakes it (retries falling due, notifications lost or
+	// not delivered, as through PgBouncer in transaction mode). Defaults
+	// to 1 second.
+	PollInterval time.Duration
+
+	// HandlerTimeout bounds each call of Handler (its context's deadline).
+	// Defaults to 1 minute.
+	HandlerTimeout time.Duration
+
+	// MaxAttempts is how many times an event is tried before the consumer
+	// gives up on it: it stays undelivered, with its last error, for
+	// ListEvents or SQL to show (and cleanup never deletes it). Defaults
+	// to 25.
+	MaxAttempts int
+
+	// Backoff is how long after its n-th failed attempt (n >= 1) an event
+	// is tried again. Defaults to 1s doubling at each attempt, at most an
+	// hour.
+	Backoff func(n int) time.Duration
+
+	// ListenConfig is the connection the consumer LISTENs on for
+	// EventsChannel: a direct connection to PostgreSQL (or PgBouncer in
+	// session mode), since LISTEN does not work through PgBouncer in
+	// transaction mode. Defaults to the pool's connection settings; when
+	// notifications do not arrive there (a probe at each connection says
+	// so), the consumer polls every PollInterval.
+	ListenConfig *pgx.ConnConfig
+
+	// DisableListen makes the consumer poll only. Defaults to false.
+	DisableListen bool
+
+	// Logger receives the consumer's diagnostics: handler errors at Warn,
+	// the listener's fallback to polling. Defaults to nil: discard.
+	Logger *slog.Logger
+
+	// MeterProvider receives the pgratelimit.events.delivered counter.
+	// Defaults to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+}
+
+// Consumer delivers the events of pgratelimit_events (see Alerts) to a
+// handler: it claims undelivered events that are due with SELECT ... FOR
+// UPDATE SKIP LOCKED in a transaction, calls the handler for each, marks it
+// delivered (or counts a failed attempt, records its error and makes it due
+// again after a backoff) and commits. Run one in every app instance: they
+// share the work, and no two deliver an event at the same time (its row
+// lock). Delivery is at least once: a consumer that dies mid-delivery
+// leaves its events undelivered, and they are delivered later, by it or
+// another. A Consumer is woken by LISTEN/NOTIFY on a connection of its own
+// and polls as a fallback. Safe for concurrent use.
+type Consumer struct {
+	pool     *pgxpool.Pool
+	cfg      ConsumerConfig
+	prefixes any // the Prefixes as an array parameter; nil: every event
+	listen   *pgx.ConnConfig
+	log      *slog.Logger
+	metrics  *eventInstruments
+}
+
+// NewConsumer validates cfg and returns a Consumer of the events of pool's
+// database. It does not start it: call Run.
+func NewConsumer(pool *pgxpool.Pool, cfg ConsumerConfig) (*Consumer, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case pool == nil:
+		return nil, bad("pool is nil")
+	case cfg.Handler == nil:
+		return nil, bad("ConsumerConfig.Handler is required")
+	case cfg.BatchSize < 0 || cfg.BatchSize > maxEventLimit:
+		return nil, bad("ConsumerConfig.BatchSize must be in [0, %d], got %d", maxEventLimit, cfg.BatchSize)
+	case cfg.PollInterval < 0:
+		return nil, bad("ConsumerConfig.PollInterval must be >= 0, got %s", cfg.PollInterval)
+	case cfg.HandlerTimeout < 0:
+		return nil, bad("ConsumerConfig.HandlerTimeout must be >= 0, got %s", cfg.HandlerTimeout)
+	case cfg.MaxAttempts < 0:
+		return nil, bad("ConsumerConfig.MaxAttempts must be >= 0, got %d", cfg.MaxAttempts)
+	}
+	for _, p := range cfg.Prefixes {
+		if why := checkText(p, MaxPrefixLen); why != "" {
+			return nil, bad("ConsumerConfig.Prefixes: a prefix %s", why)
+		}
+	}
+	c := &Consumer{pool: pool, cfg: cfg, listen: cfg.ListenConfig, log: cfg.Logger, metrics: newEventInstruments(cfg.MeterProvider)}
+	c.cfg.BatchSize = orDefault(cfg.BatchSize, 20)
+	c.cfg.MaxAttempts = orDefault(cfg.MaxAttempts, 25)
+	if c.cfg.PollInterval == 0 {
+		c.cfg.PollInterval = time.Second
+	}
+	if c.cfg.HandlerTimeout == 0 {
+		c.cfg.HandlerTimeout = time.Minute
+	}
+	if c.cfg.Backoff == nil {
+		c.cfg.Backoff = defaultBackoff
+	}
+	if len(cfg.Prefixes) > 0 {
+		c.prefixes = sqlgen.TextArray(len(cfg.Prefixes), func(i int) string { return cfg.Prefixes[i] })
+	}
+	if c.listen == nil {
+		c.listen = pool.Config().ConnConfig
+	}
+	c.listen = c.listen.Copy()
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// defaultBackoff is 2^(n-1) seconds, at most an hour.
+func defaultBackoff(n int) time.Duration {
+	return min(time.Second<<min(max(n-1, 0), 12), time.Hour)
+}
+
+// Run delivers events until ctx ends, then returns nil once its listener
+// has stopped (a delivery in flight is abandoned: its transaction rolls
+// back and its events are delivered later). It delivers what is due at
+// once, then whenever a notification says events were written, and every
+// PollInterval. A database error (a restart, a failover) is logged and
+// retried at the next poll; Run never stops on one.
+func (c *Consumer) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if !c.cfg.DisableListen {
+		wg.Go(func() { c.listenLoop(ctx, wake) })
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case <-wake:
+		}
+		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			c.log.WarnContext(ctx, "pgratelimit: delivering events failed; trying again at the next poll", "error", err)
+		}
+		timer.Reset(c.cfg.PollInterval)
+	}
+}
+
+// RunOnce delivers the events due now, a batch (one transaction) at a
+// time, until a batch comes back short, and returns how many it delivered
+// (committed), also when it stops on an error.
+func (c *Consumer) RunOnce(ctx context.Context) (delivered int, err error) {
+	for {
+		n, full, err := c.batch(ctx)
+		delivered += n
+		if err != nil || !full {
+			return delivered, err
+		}
+	}
+}
+
+// batch claims and delivers one batch in one transaction: how many events
+// it delivered, and whether it claimed a full batch.
+func (c *Consumer) batch(ctx context.Context) (delivered int, full bool, err error) {
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, false, engine.DBError("claim events", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, sqlgen.Events.Claim, c.cfg.BatchSize, c.prefixes)
+	if err != nil {
+		return 0, false, engine.DBError("claim events", err)
+	}
+	evs, err := scanEvents(rows)
+	if err != nil {
+		return 0, false, engine.DBError("claim events", err)
+	}
+	var done []Event
+	for _, e := range evs {
+		ok, err := c.deliver(ctx, tx, e)
+		if err != nil {
+			return 0, false, engine.DBError(fmt.Sprintf("deliver event %d", e.ID), err)
+		}
+		if ok {
+			done = append(done, e)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, false, engine.DBError("commit delivered events", err)
+	}
+	for _, e := range done {
+		c.metrics.delivered(ctx, e)
+	}
+	return len(done), len(evs) == c.cfg.BatchSize, nil
+}
+
+// deliver calls the handler for e in a savepoint of tx and marks e
+// delivered, or counts its failed attempt: ok says it was delivered; err
+// is the database's (the batch fails).
+func (c *Consumer) deliver(ctx context.Context, tx pgx.Tx, e Event) (ok bool, err error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	herr := c.call(ctx, sp, e)
+	if herr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return false, err
+		}
+		_, err := tx.Exec(ctx, sqlgen.Events.Delivered, e.ID)
+		return err == nil, err
+	}
+	if err := sp.Rollback(ctx); err != nil {
+		return false, err
+	}
+	n, again := e.Attempts+1, ""
+	if n < c.cfg.MaxAttempts {
+		again = sqlgen.Interval(max(c.cfg.Backoff(n), 0))
+	}
+	c.log.WarnContext(ctx, "pgratelimit: event handler failed", "event", e.ID, "kind", e.Kind, "prefix", e.Prefix,
+		"attempt", n, "giving_up", again == "", "error", herr)
+	_, err = tx.Exec(ctx, sqlgen.Events.Retry, e.ID, errorText(herr), again)
+	return false, err
+}
+
+// call runs the handler for e within HandlerTimeout; a panic is its error.
+func (c *Consumer) call(ctx context.Context, tx pgx.Tx, e Event) (err error) {
+	hctx, cancel := context.WithTimeout(ctx, c.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", errHandlerPanic, r)
+		}
+	}()
+	return c.cfg.Handler(hctx, tx, e)
+}
+
+// errHandlerPanic is the error of a handler that panicked.
+var errHandlerPanic = errors.New("pgratelimit: event handler panicked")
+
+// errorText is err's message as a text column takes it: valid UTF-8, no
+// NUL, at most 2000 bytes.
+func errorText(err error) string {
+	s := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "?"), "\x00", "")
+	if len(s) > 2000 {
+		s = s[:2000]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
+// listenLoop listens for notifications of EventsChannel, waking the
+// consumer, until ctx ends; a lost connection is made again after a
+// growing pause. If notifications do not arrive on it (through PgBouncer in
+// transaction mode), it stops: the consumer polls.
+func (c *Consumer) listenLoop(ctx context.Context, wake chan<- struct{}) {
+	pause := time.Second
+	for ctx.Err() == nil {
+		works, err := c.listenOn(ctx, wake)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case !works:
+			c.log.WarnContext(ctx, "pgratelimit: notifications do not arrive on the listening connection "+
+				"(PgBouncer in transaction mode? set ConsumerConfig.ListenConfig to a direct connection); polling every "+
+				c.cfg.PollInterval.String())
+			return
+		}
+		c.log.InfoContext(ctx, "pgratelimit: listening for events failed; polling meanwhile", "error", err, "retry_in", pause)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(pause*2, time.Minute)
+	}
+}
+
+// listenOn listens on a new connection until it fails (err) or ctx ends;
+// works is false when a probe sent through the pool did not arrive.
+func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, c.listen)
+	if err != nil {
+		return true, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{EventsChannel}.Sanitize()); err != nil {
+		return true, err
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	probe := "\x01probe " + hex.EncodeToString(b[:])
+	if _, err := c.pool.Exec(ctx, sqlgen.Alerts.Notify, EventsChannel, probe); err != nil {
+		return true, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(pctx)
+		if err != nil && pctx.Err() != nil && ctx.Err() == nil {
+			return false, nil
+		} else if err != nil {
+			return true, err
+		}
+		if n.Payload == probe {
+			break
+		}
+	}
+	notify(wake) // events written while the connection was being made
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return true, err
+		}
+		if len(c.cfg.Prefixes) == 0 || slices.Contains(c.cfg.Prefixes, n.Payload) {
+			notify(wake)
+		}
+	}
+}
+
+func notify(wake chan<- struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}
