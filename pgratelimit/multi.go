@@ -2,20 +2,26 @@ package pgratelimit
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
+	"github.com/pgratelimit/pgratelimit/internal/lease"
 )
 
 // Charge is one bucket that AllowAll takes from: Cost tokens of Limiter's
-// bucket for Key.
+// bucket for Key; or, with Semaphore instead of Limiter, a lease of Cost
+// units (its weight) of the semaphore's Max for Key. Exactly one of Limiter
+// and Semaphore is set.
 type Charge struct {
-	Limiter *Limiter
-	Key     string
-	Cost    int64
+	Limiter   *Limiter
+	Semaphore *Semaphore
+	Key       string
+	Cost      int64
 }
 
 // MultiResult is the outcome of AllowAll.
@@ -27,8 +33,15 @@ type MultiResult struct {
 	// describes charge i's bucket as AllowN would: Allowed says whether that
 	// bucket alone had enough tokens (so the caller can tell which limit
 	// said no), Remaining is the bucket after the decision (unchanged when
-	// the call is denied), RetryAfter and ResetAfter as for AllowN.
+	// the call is denied), RetryAfter and ResetAfter as for AllowN. For a
+	// lease charge, Limit is the semaphore's Max, Remaining its free units,
+	// RetryAfter as LeaseResult's and ResetAfter the time until every live
+	// lease of the key has expired.
 	Results []Result
+	// Leases holds, when the call is allowed, the lease each lease charge
+	// acquired (the zero Lease for the charges of limiters); nil for a call
+	// without lease charges.
+	Leases []Lease
 	// RetryAfter is, when denied, how long until every charge would be
 	// allowed (the largest RetryAfter among Results); 0 when allowed.
 	RetryAfter time.Duration
@@ -51,43 +64,60 @@ type MultiResult struct {
 // It is coalesced with other checks of the first charge's Client unless a
 // charged Limiter has DisableCoalescing.
 //
-// Every Limiter must use the same pool; otherwise, and for a nil Limiter or
-// no charges, the error wraps ErrInvalidConfig. A bad key, a cost below 1, or
-// a cost (summed per bucket) above that bucket's Capacity is ErrInvalidKey,
-// ErrInvalidCost or ErrCostExceedsCapacity, before any database access.
+// A charge with a Semaphore takes a lease of its key, all or nothing with
+// the others ("one of 5 slots, one request of the per-minute rate and 1,000
+// tokens of the monthly quota, or nothing"): MultiResult.Leases has it.
+// With a WithRequestID context its ID is the lease's, as for Acquire.
+// Charges of one semaphore's key add up to one lease.
+//
+// Every Limiter and Semaphore must use the same pool; otherwise, and for a
+// charge with neither or both, or no charges, the error wraps
+// ErrInvalidConfig. A bad key, a cost below 1, or a cost (summed per
+// bucket) above that bucket's Capacity (a semaphore's Max) is
+// ErrInvalidKey, ErrInvalidCost or ErrCostExceedsCapacity, before any
+// database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 	start := time.Now()
-	cl, first, err := newCall(ctx, charges)
+	cl, _, err := newCall(ctx, charges)
 	if err != nil {
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
 	var m MultiResult
-	err = first.run(cl.q, settingsOf(charges), coalesces(charges), "check")
+	err = cl.run(charges)
 	if err == nil {
 		m = cl.result()
+		cl.recordLeases(charges, m)
 	}
-	record(ctx, start, m, err, charges)
+	record(ctx, start, m, err, limiterCharges(charges))
 	return m, err
 }
 
-// coalesces says whether every charged limiter coalesces.
+// coalesces says whether every charged limiter and semaphore coalesces.
 func coalesces(charges []Charge) bool {
 	for _, c := range charges {
-		if c.Limiter.cfg.DisableCoalescing {
+		if c.Semaphore != nil && c.Semaphore.cfg.DisableCoalescing || c.Limiter != nil && c.Limiter.cfg.DisableCoalescing {
 			return false
 		}
 	}
 	return true
 }
 
+// settings are the settings of c's limiter or semaphore.
+func (c Charge) settings() engine.Settings {
+	if c.Semaphore != nil {
+		return c.Semaphore.settings()
+	}
+	return c.Limiter.settings()
+}
+
 // settingsOf are the settings of a transaction of charges: the smallest
-// LockTimeout set, asynchronous commit only if every limiter has it, the
-// first clock set.
+// LockTimeout set, asynchronous commit only if every limiter has it (a
+// semaphore has not), the first clock set.
 func settingsOf(charges []Charge) engine.Settings {
-	set := charges[0].Limiter.settings()
+	set := charges[0].settings()
 	for _, c := range charges[1:] {
-		o := c.Limiter.settings()
+		o := c.settings()
 		if o.LockTimeout > 0 && (set.LockTimeout == 0 || o.LockTimeout < set.LockTimeout) {
 			set.LockTimeout = o.LockTimeout
 		}
@@ -102,8 +132,9 @@ func settingsOf(charges []Charge) engine.Settings {
 // call is a request of a call, and which of its charges each Charge given
 // was (charges of one bucket are merged).
 type call struct {
-	q  *engine.Request
-	of []int // Charge i of the call is q.Charges[of[i]]; nil: one Charge
+	q     *engine.Request
+	of    []int       // Charge i of the call is q.Charges[of[i]]; nil: one Charge
+	lease *lease.Call // the call's lease charges' (nil: none)
 }
 
 // result is the outcome of a decided call, one Result per Charge given.
@@ -119,22 +150,105 @@ func (cl call) result() MultiResult {
 	if !q.Allowed {
 		m.RetryAfter = retry
 	}
+	if cl.lease != nil {
+		m.Leases = cl.leases(results)
+	}
 	if cl.of != nil {
 		m.Results = make([]Result, len(cl.of))
+		ls := m.Leases
+		if ls != nil {
+			m.Leases = make([]Lease, len(cl.of))
+		}
 		for i, j := range cl.of {
 			m.Results[i] = results[j]
+			if ls != nil {
+				m.Leases[i] = ls[j]
+			}
 		}
 	}
 	return m
 }
 
+// leases are the leases of q's charges (results[j] of q.Charges[j], fixed
+// for the lease charges of a denied call).
+func (cl call) leases(results []Result) []Lease {
+	q := cl.q
+	ls := make([]Lease, len(q.Charges))
+	for j, c := range q.Charges {
+		out, ok := cl.lease.Outcome(c.Row)
+		switch {
+		case c.Part == nil || !ok:
+		case q.Allowed:
+			ls[j] = leaseOf(c.Row.Key, out.Lease)
+		case results[j].Allowed && !out.Replayed:
+			// This lease alone fitted, another charge did not: nothing
+			// was taken.
+			results[j].Remaining = min(results[j].Remaining+c.Cost, results[j].Limit)
+		}
+	}
+	return ls
+}
+
+// recordLeases counts the lease charges' outcomes in their semaphores'
+// metrics.
+func (cl call) recordLeases(charges []Charge, m MultiResult) {
+	for _, c := range charges {
+		if c.Semaphore == nil {
+			continue
+		}
+		if out, ok := cl.lease.Outcome(c.Semaphore.row(c.Key)); ok {
+			c.Semaphore.metrics.record(cl.q.Ctx, c.Key, m.Allowed, out)
+		}
+	}
+}
+
+// run runs cl's request as charges[0]'s limiter's or semaphore's operation.
+func (cl call) run(charges []Charge) error {
+	set, co := settingsOf(charges), coalesces(charges)
+	return retryLeases(cl.q, func() error {
+		if s := charges[0].Semaphore; s != nil {
+			if s.tx != nil {
+				return runInTx(s.client, cl.q.Ctx, s.tx.ex, cl.q, set, "check")
+			}
+			return s.client.run(cl.q, set, nil, co, "check")
+		}
+		return charges[0].Limiter.run(cl.q, set, co, "check")
+	})
+}
+
+// limiterCharges are the charges of charges with a Limiter (for the
+// limiters' metrics).
+func limiterCharges(charges []Charge) []Charge {
+	for i, c := range charges {
+		if c.Limiter == nil {
+			out := slices.Clone(charges[:i])
+			for _, c := range charges[i:] {
+				if c.Limiter != nil {
+					out = append(out, c)
+				}
+			}
+			return out
+		}
+	}
+	return charges
+}
+
+// owner is the client and the caller's transaction (nil: none) of c's
+// limiter or semaphore.
+func (c Charge) owner() (*Client, *Tx) {
+	if c.Semaphore != nil {
+		return c.Semaphore.client, c.Semaphore.tx
+	}
+	return c.Limiter.client, c.Limiter.tx
+}
+
 // newCall validates charges, before any database access, and merges the
-// charges of each bucket.
+// charges of each bucket. It returns the first charge's Limiter too (nil
+// for a Semaphore's).
 func newCall(ctx context.Context, charges []Charge) (call, *Limiter, error) {
 	if len(charges) == 0 {
 		return call{}, nil, fmt.Errorf("%w: AllowAll needs at least one charge", ErrInvalidConfig)
 	}
-	first := charges[0].Limiter
 	id, err := requestID(ctx)
 	if err != nil {
 		return call{}, nil, err
@@ -144,23 +258,41 @@ func newCall(ctx context.Context, charges []Charge) (call, *Limiter, error) {
 		cl.of = make([]int, len(charges))
 	}
 	for i, c := range charges {
-		if err := cl.add(i, c, first); err != nil {
+		if (c.Limiter == nil) == (c.Semaphore == nil) {
+			return call{}, nil, fmt.Errorf("%w: charge %d needs a Limiter or a Semaphore, not neither or both", ErrInvalidConfig, i)
+		}
+		var err error
+		if c.Semaphore != nil {
+			err = cl.addLease(i, c, charges[0])
+		} else {
+			err = cl.add(i, c, charges[0])
+		}
+		if err != nil {
 			return call{}, nil, err
 		}
 	}
-	return cl, first, nil
+	return cl, charges[0].Limiter, nil
 }
 
-// add adds charge i, c, to cl, checked.
-func (cl *call) add(i int, c Charge, first *Limiter) error {
-	l := c.Limiter
+// same checks that charge i, c, runs where first does: on its pool, in its
+// transaction.
+func (c Charge) same(i int, first Charge) error {
+	cc, ctx := c.owner()
+	fc, ftx := first.owner()
 	switch {
-	case l == nil:
-		return fmt.Errorf("%w: charge %d has a nil Limiter", ErrInvalidConfig, i)
-	case l.client.pool != first.client.pool:
-		return fmt.Errorf("%w: charge %d's Limiter uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
-	case l.tx != nil && (first.tx == nil || *l.tx != *first.tx):
-		return fmt.Errorf("%w: charge %d's Limiter runs in another transaction (In) than charge 0's; AllowAll runs in charge 0's", ErrInvalidConfig, i)
+	case cc.pool != fc.pool:
+		return fmt.Errorf("%w: charge %d's Limiter or Semaphore uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
+	case ctx != nil && (ftx == nil || *ctx != *ftx):
+		return fmt.Errorf("%w: charge %d's Limiter or Semaphore runs in another transaction (In) than charge 0's; AllowAll runs in charge 0's", ErrInvalidConfig, i)
+	}
+	return nil
+}
+
+// add adds charge i, c (of a limiter), to cl, checked.
+func (cl *call) add(i int, c Charge, first Charge) error {
+	l := c.Limiter
+	if err := c.same(i, first); err != nil {
+		return err
 	}
 	if cl.q.ID != "" && l.cfg.AsyncCommit {
 		return errAsyncID(l)
@@ -178,6 +310,8 @@ func (cl *call) add(i int, c Charge, first *Limiter) error {
 	}
 	if j == len(q.Charges) {
 		q.Charges = append(q.Charges, l.charge(c.Key, 0))
+	} else if q.Charges[j].Part != nil {
+		return errSharedRow(i, l.cfg.Prefix)
 	}
 	if q.Charges[j].Cost > math.MaxInt64-c.Cost {
 		// Past int64, so past every capacity.
@@ -191,4 +325,47 @@ func (cl *call) add(i int, c Charge, first *Limiter) error {
 		return fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
 	}
 	return nil
+}
+
+// addLease adds charge i, c (a lease of a semaphore), to cl, checked:
+// charges of one semaphore's key add up to one lease.
+func (cl *call) addLease(i int, c Charge, first Charge) error {
+	s := c.Semaphore
+	if err := c.same(i, first); err != nil {
+		return err
+	}
+	if err := s.validate(c.Key, c.Cost); err != nil {
+		return err
+	}
+	if cl.lease == nil {
+		id := cl.q.ID
+		if id == "" {
+			id = rand.Text()
+		}
+		cl.lease = &lease.Call{ID: id}
+		cl.q.Ctx = lease.WithCall(cl.q.Ctx, cl.lease)
+	}
+	q, ch := cl.q, s.charge(lease.Acquire, c.Key, 0)
+	j := slices.IndexFunc(q.Charges, func(o engine.Charge) bool { return o.Row == ch.Row })
+	switch {
+	case j < 0:
+		j = len(q.Charges)
+		q.Charges = append(q.Charges, ch)
+	case q.Charges[j].Part != ch.Part:
+		return errSharedRow(i, s.cfg.Prefix)
+	}
+	if q.Charges[j].Cost > s.cfg.Max-c.Cost {
+		return fmt.Errorf("%w: the weights of %s of semaphore %q add up to more than its Max %d", ErrCostExceedsCapacity, quoteKey(c.Key), s.cfg.Prefix, s.cfg.Max)
+	}
+	q.Charges[j].Cost += c.Cost
+	if cl.of != nil {
+		cl.of[i] = j
+	}
+	return nil
+}
+
+// errSharedRow is the error of charge i on a key that a limiter and a
+// semaphore (or semaphores of different limits) of prefix share.
+func errSharedRow(i int, prefix string) error {
+	return fmt.Errorf("%w: charge %d: limiters and semaphores of different limits share prefix %q and storage: their keys' rows cannot be charged together", ErrInvalidConfig, i, prefix)
 }

@@ -1,0 +1,394 @@
+package pgratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
+	"github.com/pgratelimit/pgratelimit/internal/lease"
+)
+
+// Errors of leases.
+var (
+	// ErrLeaseExpired is returned by Release and Extend of a lease whose
+	// TTL has passed (by the check's clock) since it was acquired or last
+	// extended: its units no longer count, and another holder may have
+	// them. Its row remains until cleanup deletes it.
+	ErrLeaseExpired = lease.ErrExpired
+
+	// ErrLeaseNotFound is returned by Extend of a lease the key does not
+	// have: released, never acquired, or expired and deleted by cleanup.
+	ErrLeaseNotFound = lease.ErrNotFound
+
+	// ErrInvalidLeaseID is returned for a lease ID that is empty, longer
+	// than MaxRequestIDLen bytes, not valid UTF-8, or holds a NUL byte.
+	ErrInvalidLeaseID = errors.New("pgratelimit: invalid lease ID")
+)
+
+// SemaphoreConfig is a Semaphore's limit: live leases hold at most Max units
+// of a key, each lease counting until it is released or until TTL passes
+// without an Extend. The zero value is not valid: Prefix, Max and TTL are
+// required.
+type SemaphoreConfig struct {
+	// Prefix is the namespace of the semaphore's keys. Semaphores with the
+	// same Prefix and Storage share their keys' leases. A Limiter with the
+	// same Prefix and Storage shares the keys' row locks (not their
+	// counts) and cannot be charged with the semaphore in one AllowAll.
+	// Required: non-empty, valid UTF-8, no NUL, at most MaxPrefixLen
+	// bytes.
+	Prefix string
+
+	// Max is the most units a key's live leases hold: the number of
+	// leases, when each has weight 1. Must be > 0.
+	Max int64
+
+	// TTL is how long a lease counts after it is acquired or extended: a
+	// holder that crashes (or stops extending) loses its units when it
+	// passes, with no cleanup needed. Holders of work longer than TTL call
+	// Extend (a heartbeat, every TTL/3 say). Must be > 0 and a whole
+	// number of microseconds.
+	TTL time.Duration
+
+	// Storage chooses the durable (logged) or ephemeral (UNLOGGED) table
+	// of the leases. Ephemeral writes are cheaper, but a crash of the
+	// database forgets every lease (see README, Concurrency leases).
+	// Defaults to Durable.
+	Storage Storage
+
+	// Clock, when set, replaces the database's clock: every operation
+	// judges and stamps leases with Clock(). For tests and simulations.
+	// Defaults to nil: the database's clock_timestamp(), read after the
+	// key's row lock is held.
+	Clock func() time.Time
+
+	// MaxWait bounds how long Wait may wait in all: past it Wait returns
+	// ErrWaitTooLong. Defaults to 0: only the context bounds it.
+	MaxWait time.Duration
+
+	// DisableCoalescing makes every operation a transaction of its own.
+	// By default the semaphore's operations are coalesced with the other
+	// checks of its Client, as a Limiter's (Config.DisableCoalescing).
+	// Defaults to false: coalescing on.
+	DisableCoalescing bool
+
+	// Logger receives the semaphore's diagnostics. Defaults to nil:
+	// discard.
+	Logger *slog.Logger
+
+	// MeterProvider receives the semaphore's OpenTelemetry metrics:
+	// pgratelimit.leases.held and pgratelimit.leases.denied. Defaults to
+	// otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+}
+
+func (c SemaphoreConfig) validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch why := checkText(c.Prefix, MaxPrefixLen); {
+	case why != "":
+		return bad("Prefix %s", why)
+	case c.Max <= 0:
+		return bad("Max must be > 0, got %d", c.Max)
+	case c.TTL <= 0 || c.TTL%time.Microsecond != 0:
+		return bad("TTL must be > 0 and a whole number of microseconds, got %s", c.TTL)
+	case c.Storage != Durable && c.Storage != Ephemeral:
+		return bad("Storage must be Durable or Ephemeral, got %d", int(c.Storage))
+	case c.MaxWait < 0:
+		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
+	}
+	return nil
+}
+
+// Lease is a lease held on a key: Weight units of its Semaphore's Max until
+// ExpiresAt, unless released or extended before.
+type Lease struct {
+	// ID names the lease for Release and Extend: the request ID of the
+	// acquisition (WithRequestID), else a random one.
+	ID string
+	// Key is the key it holds units of.
+	Key string
+	// Weight is the units it holds.
+	Weight int64
+	// Token is its fencing token: it grows with every acquisition, so a
+	// holder that writes to another system can send it along, and that
+	// system can refuse writes carrying a token older than the newest it
+	// has seen (a holder that paused past its TTL).
+	Token int64
+	// AcquiredAt is when it was acquired, ExpiresAt when it stops counting
+	// unless extended, by the check's clock, in UTC.
+	AcquiredAt, ExpiresAt time.Time
+}
+
+// LeaseResult is the outcome of an acquisition.
+type LeaseResult struct {
+	// Acquired says whether the lease was acquired. When not, nothing was
+	// written.
+	Acquired bool
+	// Lease is the lease acquired (or, for a retry of an acquisition with
+	// the same request ID, the one it acquired then); zero when not
+	// acquired.
+	Lease Lease
+	// Held is the units the key's live leases hold, this one included.
+	Held int64
+	// Limit is the semaphore's Max.
+	Limit int64
+	// RetryAfter is, when not acquired, how long until enough of the live
+	// leases expire for this weight, if none is released or extended
+	// before (releases usually come sooner). Zero when acquired.
+	RetryAfter time.Duration
+}
+
+// Semaphore limits how much of something runs at once per key: a key has
+// Max units, and an acquisition takes a lease of some of them (its weight,
+// 1 for "one of N slots") if the key's live leases leave that many free.
+// A lease counts until it is released, or until its TTL passes without an
+// Extend, by the database's clock: a holder that crashes loses its units at
+// the TTL by itself, with no cleanup job needed.
+//
+// Every operation is one transaction that locks the key's row (as a
+// Limiter's check does), so no order of concurrent acquisitions, in any
+// number of processes, lets the live leases of a key hold more than Max.
+// Being denied is a LeaseResult with Acquired == false, never an error.
+//
+// Use Acquire to try, Wait to wait for a slot, Extend as a heartbeat,
+// Release when done, Leases to list a key's live leases, In to run in your
+// transaction, and a Charge with a Semaphore to take a lease together with
+// rate limits and quotas in AllowAll. A Semaphore is safe for concurrent
+// use.
+type Semaphore struct {
+	client  *Client
+	cfg     SemaphoreConfig
+	limit   lease.Limit
+	clock   *engine.Clock // nil: the database's
+	tx      *Tx           // the caller's transaction (In); nil: its own
+	log     *slog.Logger
+	metrics *leaseInstruments
+	wake    *waker
+}
+
+// NewSemaphore returns a Semaphore for cfg that keeps its leases in the
+// database of pool, on a Client of its own (as New does for a Limiter). It
+// validates cfg (ErrInvalidConfig names the bad field) and does not touch
+// the database.
+func NewSemaphore(pool *pgxpool.Pool, cfg SemaphoreConfig) (*Semaphore, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return newSemaphore(newClient(pool, defaultCoalesceConns), cfg)
+}
+
+// NewSemaphore returns a Semaphore for cfg whose operations go through c,
+// coalesced with its limiters' checks. It validates cfg and does not touch
+// the database.
+func (c *Client) NewSemaphore(cfg SemaphoreConfig) (*Semaphore, error) {
+	return newSemaphore(c, cfg)
+}
+
+func newSemaphore(c *Client, cfg SemaphoreConfig) (*Semaphore, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Semaphore{client: c, cfg: cfg, limit: lease.Limit{Max: cfg.Max, TTL: cfg.TTL}, log: log,
+		metrics: newLeaseInstruments(cfg.MeterProvider, cfg.Prefix)}
+	if cfg.Clock != nil {
+		s.clock = &engine.Clock{Now: cfg.Clock}
+	}
+	s.wake = newWaker(c.pool, cfg.Prefix, log)
+	return s, nil
+}
+
+// Config returns the semaphore's configuration, as passed to NewSemaphore.
+func (s *Semaphore) Config() SemaphoreConfig { return s.cfg }
+
+// In returns s running every operation in tx, the caller's own
+// transaction: Acquire, Release, Extend, Leases, and AllowAll when the
+// first charge's Semaphore is s. A lease acquired there exists only if tx
+// commits (and a release counts only then). The key's row stays locked
+// until tx ends, so other operations on the key wait for it: keep such
+// transactions short. Wait does not wait in a transaction (no release could
+// come while it holds the lock): it is ErrInvalidConfig. Under REPEATABLE
+// READ or SERIALIZABLE a concurrent acquisition on the same key makes one
+// fail with a serialization error (SQLSTATE 40001). The returned semaphore
+// costs a copy of s: make one per transaction.
+func (s *Semaphore) In(tx Tx) *Semaphore {
+	c := *s
+	c.tx = &tx
+	return &c
+}
+
+// Acquire takes a lease of weight units of key's Max if the key's live
+// leases leave that many free; else it is denied (Acquired false, with
+// Held and RetryAfter) and writes nothing. With a WithRequestID context the
+// request ID is the lease's ID and the acquisition happens once: a retry
+// while the lease is live (a lost reply, a timeout) returns the same lease,
+// one after it has expired or been released acquires anew, and one with
+// another weight is ErrRequestMismatch. Errors are invalid input
+// (ErrInvalidKey; ErrInvalidCost for a weight below 1,
+// ErrCostExceedsCapacity above Max; ErrInvalidRequestID), found before any
+// database access, the context's, or the database's.
+func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (LeaseResult, error) {
+	if err := s.validate(key, weight); err != nil {
+		return LeaseResult{}, err
+	}
+	id, err := requestID(ctx)
+	if err != nil {
+		return LeaseResult{}, err
+	}
+	if id == "" {
+		id = rand.Text()
+	}
+	call := &lease.Call{ID: id}
+	q := s.request(ctx, call, lease.Acquire, key, weight)
+	if err := s.run(q, "acquire a lease of "+quoteKey(key)); err != nil {
+		return LeaseResult{}, err
+	}
+	out, _ := call.Outcome(s.row(key))
+	s.metrics.record(q.Ctx, key, q.Allowed, out)
+	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter}
+	if q.Allowed {
+		res.Lease = leaseOf(key, out.Lease)
+	}
+	return res, nil
+}
+
+// Release gives the units of lease id back: they are free at once, and
+// Wait calls on the key are woken. Releasing a lease that is not held
+// (released before, or never acquired, or expired and deleted by cleanup)
+// is nil; one whose TTL has passed is ErrLeaseExpired (its units were
+// already free).
+func (s *Semaphore) Release(ctx context.Context, key, id string) error {
+	_, err := s.change(ctx, lease.Release, key, id, "release")
+	return err
+}
+
+// Extend renews lease id for the semaphore's TTL from now (never moving its
+// expiry earlier), and returns it: the heartbeat of a holder whose work may
+// outlast the TTL. A lease whose TTL has already passed is
+// ErrLeaseExpired, even if its units are still free: its holder must
+// acquire again. One that is not held (released, never acquired, or
+// deleted by cleanup once expired) is ErrLeaseNotFound.
+func (s *Semaphore) Extend(ctx context.Context, key, id string) (Lease, error) {
+	out, err := s.change(ctx, lease.Extend, key, id, "extend")
+	if err != nil {
+		return Lease{}, err
+	}
+	return leaseOf(key, out.Lease), nil
+}
+
+// change releases or extends lease id of key.
+func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb string) (lease.Outcome, error) {
+	if err := validateKey(key); err != nil {
+		return lease.Outcome{}, err
+	}
+	if why := checkText(id, MaxRequestIDLen); why != "" {
+		return lease.Outcome{}, fmt.Errorf("%w: %s", ErrInvalidLeaseID, why)
+	}
+	call := &lease.Call{ID: id}
+	q := s.request(ctx, call, kind, key, 1)
+	err := s.run(q, verb+" lease "+strconv.Quote(id)+" of "+quoteKey(key))
+	out, _ := call.Outcome(s.row(key))
+	if kind == lease.Release && (err == nil || errors.Is(err, lease.ErrExpired)) {
+		s.metrics.released(q.Ctx, key, id)
+	}
+	if errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrNotFound) {
+		return out, fmt.Errorf("%w: lease %q of %s of prefix %q", err, id, quoteKey(key), s.cfg.Prefix)
+	}
+	return out, err
+}
+
+// Leases returns key's live leases, by the check's clock, oldest first. It
+// locks and writes nothing.
+func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
+	if err := validateKey(key); err != nil {
+		return nil, err
+	}
+	var (
+		ls  []lease.Lease
+		now time.Time
+	)
+	list := engine.Stmt{SQL: lease.StatementsOf(s.storage()).List, Args: []any{s.cfg.Prefix, key, s.clock.Param()},
+		Scan: func(rs engine.RowScanner) error { return scanLeaseList(rs, &ls, &now) }}
+	if err := s.read(ctx, "list the leases of "+quoteKey(key), list); err != nil {
+		return nil, err
+	}
+	var out []Lease
+	for _, l := range lease.Live(ls, now) {
+		out = append(out, leaseOf(key, l))
+	}
+	return out, nil
+}
+
+func scanLeaseList(rs engine.RowScanner, ls *[]lease.Lease, now *time.Time) error {
+	for rs.Next() {
+		var (
+			id             *string
+			weight, token  *int64
+			acquired, exps *time.Time
+		)
+		if err := rs.Scan(&id, &weight, &token, &acquired, &exps, now); err != nil {
+			return err
+		}
+		if id != nil {
+			*ls = append(*ls, lease.Lease{ID: *id, Weight: *weight, Token: *token, AcquiredAt: *acquired, ExpiresAt: *exps})
+		}
+	}
+	return rs.Err()
+}
+
+// validate checks a key and a weight before any database access.
+func (s *Semaphore) validate(key string, weight int64) error {
+	if err := validateKey(key); err != nil {
+		return err
+	}
+	switch {
+	case weight < 1:
+		return fmt.Errorf("%w: weight %d is below 1", ErrInvalidCost, weight)
+	case weight > s.cfg.Max:
+		return fmt.Errorf("%w: weight %d, Max %d", ErrCostExceedsCapacity, weight, s.cfg.Max)
+	}
+	return nil
+}
+
+func (s *Semaphore) storage() engine.Storage { return engine.Storage(s.cfg.Storage) }
+
+// row is key's lock row.
+func (s *Semaphore) row(key string) engine.Row {
+	return engine.Row{Storage: s.storage(), Prefix: s.cfg.Prefix, Key: key}
+}
+
+// charge is an operation of kind on key, of weight.
+func (s *Semaphore) charge(kind lease.Kind, key string, weight int64) engine.Charge {
+	return engine.Charge{Row: s.row(key), Cost: weight, Part: lease.Part{Kind: kind, Limit: s.limit}}
+}
+
+// request is a request of one operation of kind on key, with call.
+func (s *Semaphore) request(ctx context.Context, call *lease.Call, kind lease.Kind, key string, weight int64) *engine.Request {
+	return &engine.Request{Ctx: lease.WithCall(ctx, call), Kind: account.OpCharge,
+		Charges: []engine.Charge{s.charge(kind, key, weight)}}
+}
+
+// settings are what a transaction of s's operations shares with others.
+func (s *Semaphore) settings() engine.Settings { return engine.Settings{Clock: s.clock} }
+
+// leaseOf is the Lease of l, of key, its times in UTC (whether they come
+// from the database or from Go).
+func leaseOf(key string, l lease.Lease) Lease {
+	return Lease{ID: l.ID, Key: key, Weight: l.Weight, Token: l.Token, AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC()}
+}

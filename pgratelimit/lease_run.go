@@ -1,0 +1,79 @@
+package pgratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/pgratelimit/pgratelimit/internal/engine"
+	"github.com/pgratelimit/pgratelimit/internal/lease"
+)
+
+// leaseTries bounds the tries of a request whose lease reads came before
+// its key's row was locked (lease.ErrRetry: a cleanup deleted the row in
+// between, which takes a cleanup batch at that very moment, every time).
+const leaseTries = 4
+
+// retryLeases runs q with run until it does not fail with lease.ErrRetry,
+// at most leaseTries times.
+func retryLeases(q *engine.Request, run func() error) error {
+	for try := 1; ; try++ {
+		err := run()
+		if !errors.Is(err, lease.ErrRetry) || try == leaseTries {
+			return err
+		}
+		q.Err, q.Outcomes, q.Allowed = nil, nil, false
+	}
+}
+
+// run runs q as s's operation: in s's transaction (In), else in one of the
+// client's, coalesced unless disabled. what names it in errors.
+func (s *Semaphore) run(q *engine.Request, what string) error {
+	return retryLeases(q, func() error { return s.runOnce(q, s.settings(), what) })
+}
+
+// runOnce is one try of run, with the settings set.
+func (s *Semaphore) runOnce(q *engine.Request, set engine.Settings, what string) error {
+	if s.tx != nil {
+		return runInTx(s.client, q.Ctx, s.tx.ex, q, set, what)
+	}
+	return s.client.run(q, set, nil, !s.cfg.DisableCoalescing, what)
+}
+
+// runInTx runs q in the caller's transaction on ex through c, as
+// Limiter.runIn does.
+func runInTx(c *Client, ctx context.Context, ex engine.Executor, q *engine.Request, set engine.Settings, what string) error {
+	if ex == nil {
+		return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+	}
+	if !c.gate.enter() {
+		return ErrClosed
+	}
+	defer c.gate.leave()
+	set.Dialect = engine.Postgres{} // one row per statement, as Citus takes them too
+	if known := c.dia.Load(); known != nil {
+		set.Dialect = *known
+	}
+	if err := engine.RunIn(ctx, ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
+		return engine.DBError(what+" in transaction", err)
+	}
+	return q.Result()
+}
+
+// read runs reads of s's: in s's transaction (In), else on the pool.
+func (s *Semaphore) read(ctx context.Context, what string, stmts ...engine.Stmt) error {
+	ex := engine.Executor(engine.PgxExecutor{Q: s.client.pool})
+	if s.tx != nil {
+		if ex = s.tx.ex; ex == nil {
+			return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+		}
+	}
+	if !s.client.gate.enter() {
+		return ErrClosed
+	}
+	defer s.client.gate.leave()
+	if err := ex.Pipeline(ctx, stmts); err != nil {
+		return engine.DBError(what, err)
+	}
+	return nil
+}
