@@ -88,8 +88,8 @@ func TestAlertsOncePerPeriod(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.Grant(ctx, "k", 30, time.Time{}) // balance 95
 	require.NoError(t, err)
-	step(60, true) // used 95, balance 35
-	step(34, true, used(1)) // used 100 (the bucket), balance 1 (a grant)
+	step(60, true)              // used 95, balance 35
+	step(34, true, used(1))     // used 100 (the bucket), balance 1 (a grant)
 	step(2, false, exhausted()) // balance 1: denied
 	step(2, false)              // again: once per period
 	step(1, true, below(0))     // balance 0

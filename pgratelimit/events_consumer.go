@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -173,6 +174,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var due time.Time // the earliest retry this consumer scheduled; zero: none
 	for {
 		select {
 		case <-ctx.Done():
@@ -180,10 +182,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 		case <-timer.C:
 		case <-wake:
 		}
-		if _, err := c.RunOnce(ctx); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		_, retry, err := c.runOnce(ctx)
+		if err != nil && ctx.Err() == nil {
 			c.log.WarnContext(ctx, "pgratelimit: delivering events failed; trying again at the next poll", "error", err)
 		}
-		timer.Reset(c.cfg.PollInterval)
+		if !due.After(start) {
+			due = time.Time{} // this run found every event due by then
+		}
+		if at := time.Now().Add(retry); retry < math.MaxInt64 && (due.IsZero() || at.Before(due)) {
+			due = at
+		}
+		wait := c.cfg.PollInterval
+		if !due.IsZero() {
+			wait = min(wait, max(time.Until(due), 0))
+		}
+		timer.Reset(wait)
 	}
 }
 
@@ -191,77 +205,101 @@ func (c *Consumer) Run(ctx context.Context) error {
 // time, until a batch comes back short, and returns how many it delivered
 // (committed), also when it stops on an error.
 func (c *Consumer) RunOnce(ctx context.Context) (delivered int, err error) {
+	delivered, _, err = c.runOnce(ctx)
+	return delivered, err
+}
+
+// runOnce is RunOnce, and says how soon the earliest retry it scheduled
+// falls due (math.MaxInt64: none).
+func (c *Consumer) runOnce(ctx context.Context) (delivered int, retry time.Duration, err error) {
+	retry = math.MaxInt64
 	for {
-		n, full, err := c.batch(ctx)
-		delivered += n
-		if err != nil || !full {
-			return delivered, err
+		b, err := c.batch(ctx)
+		delivered += b.delivered
+		if b.retry < retry && err == nil {
+			retry = b.retry
+		}
+		if err != nil || !b.full {
+			return delivered, retry, err
 		}
 	}
 }
 
-// batch claims and delivers one batch in one transaction: how many events
-// it delivered, and whether it claimed a full batch.
-func (c *Consumer) batch(ctx context.Context) (delivered int, full bool, err error) {
+// batchRun is what a batch did: how many events it delivered, whether it
+// claimed a full batch, and how soon its earliest retry falls due.
+type batchRun struct {
+	delivered int
+	full      bool
+	retry     time.Duration
+}
+
+// batch claims and delivers one batch in one transaction.
+func (c *Consumer) batch(ctx context.Context) (batchRun, error) {
+	run := batchRun{retry: math.MaxInt64}
 	tx, err := c.pool.Begin(ctx)
 	if err != nil {
-		return 0, false, engine.DBError("claim events", err)
+		return run, engine.DBError("claim events", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	rows, err := tx.Query(ctx, sqlgen.Events.Claim, c.cfg.BatchSize, c.prefixes)
 	if err != nil {
-		return 0, false, engine.DBError("claim events", err)
+		return run, engine.DBError("claim events", err)
 	}
 	evs, err := scanEvents(rows)
 	if err != nil {
-		return 0, false, engine.DBError("claim events", err)
+		return run, engine.DBError("claim events", err)
 	}
 	var done []Event
 	for _, e := range evs {
-		ok, err := c.deliver(ctx, tx, e)
-		if err != nil {
-			return 0, false, engine.DBError(fmt.Sprintf("deliver event %d", e.ID), err)
-		}
-		if ok {
+		retry, err := c.deliver(ctx, tx, e)
+		switch {
+		case err != nil:
+			return batchRun{retry: math.MaxInt64}, engine.DBError(fmt.Sprintf("deliver event %d", e.ID), err)
+		case retry < 0:
 			done = append(done, e)
+		default:
+			run.retry = min(run.retry, retry)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, false, engine.DBError("commit delivered events", err)
+		return batchRun{retry: math.MaxInt64}, engine.DBError("commit delivered events", err)
 	}
 	for _, e := range done {
 		c.metrics.delivered(ctx, e)
 	}
-	return len(done), len(evs) == c.cfg.BatchSize, nil
+	run.delivered, run.full = len(done), len(evs) == c.cfg.BatchSize
+	return run, nil
 }
 
 // deliver calls the handler for e in a savepoint of tx and marks e
-// delivered, or counts its failed attempt: ok says it was delivered; err
-// is the database's (the batch fails).
-func (c *Consumer) deliver(ctx context.Context, tx pgx.Tx, e Event) (ok bool, err error) {
+// delivered (retry < 0), or counts its failed attempt and says when it is
+// tried again (math.MaxInt64: never); err is the database's (the batch
+// fails).
+func (c *Consumer) deliver(ctx context.Context, tx pgx.Tx, e Event) (retry time.Duration, err error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	herr := c.call(ctx, sp, e)
 	if herr == nil {
 		if err := sp.Commit(ctx); err != nil {
-			return false, err
+			return 0, err
 		}
 		_, err := tx.Exec(ctx, sqlgen.Events.Delivered, e.ID)
-		return err == nil, err
+		return -1, err
 	}
 	if err := sp.Rollback(ctx); err != nil {
-		return false, err
+		return 0, err
 	}
-	n, again := e.Attempts+1, ""
+	n, again, retry := e.Attempts+1, "", time.Duration(math.MaxInt64)
 	if n < c.cfg.MaxAttempts {
-		again = sqlgen.Interval(max(c.cfg.Backoff(n), 0))
+		retry = max(c.cfg.Backoff(n), 0)
+		again = sqlgen.Interval(retry)
 	}
 	c.log.WarnContext(ctx, "pgratelimit: event handler failed", "event", e.ID, "kind", e.Kind, "prefix", e.Prefix,
 		"attempt", n, "giving_up", again == "", "error", herr)
 	_, err = tx.Exec(ctx, sqlgen.Events.Retry, e.ID, errorText(herr), again)
-	return false, err
+	return retry, err
 }
 
 // call runs the handler for e within HandlerTimeout; a panic is its error.
@@ -319,6 +357,10 @@ func (c *Consumer) listenLoop(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
+// probeWait is how long the listener waits for its probe: a notification
+// arrives in milliseconds where notifications work at all.
+const probeWait = 2 * time.Second
+
 // listenOn listens on a new connection until it fails (err) or ctx ends;
 // works is false when a probe sent through the pool did not arrive.
 func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bool, err error) {
@@ -336,7 +378,7 @@ func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bo
 	if _, err := c.pool.Exec(ctx, sqlgen.Alerts.Notify, EventsChannel, probe); err != nil {
 		return true, err
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, probeWait)
 	defer cancel()
 	for {
 		n, err := conn.WaitForNotification(pctx)

@@ -154,11 +154,14 @@ func Compile(t Thresholds, capacity int64) *Spec {
 	return s
 }
 
-// usedAt is ceil(f * capacity) for f in (0, 1], in exact arithmetic: a
-// float64 is a rational, and the product of a large capacity and f has no
-// float64 that holds it exactly.
+// usedAt is ceil(f * capacity) for f in (0, 1], exactly, f read as the
+// decimal it prints as (its label's): 0.8 of 1000 is 800, although the
+// float64 nearest 0.8 is a little more than 4/5.
 func usedAt(f float64, capacity int64) int64 {
-	r := new(big.Rat).SetFloat64(f)
+	r, ok := new(big.Rat).SetString(strconv.FormatFloat(f, 'g', -1, 64))
+	if !ok {
+		r = new(big.Rat).SetFloat64(f) // cannot happen: a finite float prints as a decimal
+	}
 	r.Mul(r, new(big.Rat).SetInt64(capacity))
 	q, m := new(big.Int).QuoRem(r.Num(), r.Denom(), new(big.Int))
 	if m.Sign() > 0 {
