@@ -1,6 +1,8 @@
-// Package readme checks that the Go code in README.md and docs/*.md is code
-// the build compiles: make test (go vet, go test) compiles the files this
-// test compares the blocks with.
+// Package readme checks the documentation: that the Go code in README.md and
+// docs/*.md is code the build compiles (make test, with go vet and go test,
+// compiles the files this test compares the blocks with), and that every
+// relative link in the repository's Markdown files resolves, anchors
+// included (links_test.go).
 package readme
 
 import (
