@@ -26,6 +26,7 @@ import (
 // charge, and the caller's in the caller's transaction.
 func TestCommitModeAsTheServerSeesIt(t *testing.T) {
 	t.Parallel()
+	skipOnDistributed(t, "Citus does not take triggers on distributed tables")
 	ctx := context.Background()
 	pool := newPool(t)
 	for _, ddl := range []string{
@@ -122,6 +123,7 @@ func TestAsyncCommitRefusedForMoney(t *testing.T) {
 // a synchronous one none.
 func TestAsyncCommitCrash(t *testing.T) {
 	t.Parallel()
+	skipOnDistributed(t, "it crashes a cluster of its own")
 	ctx := context.Background()
 	in := testdb.NewCluster(t, pglaunch.Options{})
 	pool := clusterPool(t, in, 16)
