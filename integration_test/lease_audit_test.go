@@ -310,7 +310,9 @@ func TestLeaseAuditUnderFaults(t *testing.T) {
 	pool := sch.PoolWithConfig(t, cfg)
 	admin := sch.Pool(t, 4)
 	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "audit", Max: auditMax, TTL: auditTTL})
-	callCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 2*time.Second) }
+	callCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 2*time.Second)
+	}
 	leaseAudit(t, s, admin, callCtx, func(stop chan struct{}) {
 		for {
 			select {
@@ -352,6 +354,8 @@ func TestLeaseAuditCitus(t *testing.T) {
 	t.Parallel()
 	pool := citusPool(t, 40)
 	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "audit", Max: auditMax, TTL: auditTTL})
-	callCtx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 2*time.Second) }
+	callCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 2*time.Second)
+	}
 	leaseAudit(t, s, pool, callCtx, nil)
 }
