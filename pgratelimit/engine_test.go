@@ -16,7 +16,7 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
 
 // A transaction of many requests gives every one exactly the outcome it gets
 // one by one, in the same order: single checks and AllowAlls, limiters that

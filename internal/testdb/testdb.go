@@ -223,3 +223,53 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	return NewSchema(t).Pool(t, 0)
 }
+
+// Examples runs m (a test binary's tests and examples) with DATABASE_URL
+// pointing at a fresh schema of the shared server, so that the package's
+// examples (which read DATABASE_URL, as the README's code does) run against
+// a real database and their "Output:" is checked; the schema is dropped
+// afterwards. Call it from TestMain: testdb.Main(testdb.Examples(m)). When
+// no server can be had, DATABASE_URL is left as it is.
+func Examples(m interface{ Run() int }) interface{ Run() int } { return examples{m} }
+
+type examples struct{ m interface{ Run() int } }
+
+func (e examples) Run() int {
+	once.Do(start)
+	if startErr != nil {
+		return e.m.Run()
+	}
+	ctx := context.Background()
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "examples_" + hex.EncodeToString(b[:])
+	admin, err := pgx.Connect(ctx, instance.URL)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testdb: examples:", err)
+		return 1
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
+		fmt.Fprintln(os.Stderr, "testdb: examples:", err)
+		return 1
+	}
+	defer func() { _, _ = admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE") }()
+	u, err := url.Parse(instance.URL)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testdb: examples:", err)
+		return 1
+	}
+	q := u.Query()
+	q.Set("search_path", name)
+	u.RawQuery = q.Encode()
+	old, had := os.LookupEnv("DATABASE_URL")
+	os.Setenv("DATABASE_URL", u.String())
+	defer func() {
+		if had {
+			os.Setenv("DATABASE_URL", old)
+		} else {
+			os.Unsetenv("DATABASE_URL")
+		}
+	}()
+	return e.m.Run()
+}
