@@ -1,14 +1,21 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // newSemaphore is pgratelimit.NewSemaphore on pool in the suite's mode.
@@ -98,4 +105,332 @@ func TestLeaseSemantics(t *testing.T) {
 	}
 }
 
-var _ = errors.Is
+// A lease and two buckets in one AllowAll: all or nothing. A full
+// semaphore spends no tokens; a bucket that denies leaves no lease.
+func TestLeaseAllowAll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	perSec, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "sec", Capacity: 5, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	perDay, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "day", Capacity: 2, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "slots", Max: 1, TTL: time.Minute})
+	charges := []pgratelimit.Charge{{Semaphore: s, Key: "u", Cost: 1}, {Limiter: perSec, Key: "u", Cost: 1}, {Limiter: perDay, Key: "u", Cost: 1}}
+
+	m, err := pgratelimit.AllowAll(ctx, charges...)
+	require.NoError(t, err)
+	require.True(t, m.Allowed)
+	require.Len(t, m.Leases, 3)
+	l := m.Leases[0]
+	require.NotEmpty(t, l.ID)
+	require.Equal(t, pgratelimit.Lease{}, m.Leases[1])
+	require.Equal(t, pgratelimit.Result{Allowed: true, Limit: 1, Remaining: 0, ResetAfter: time.Minute}, m.Results[0])
+	require.Equal(t, int64(4), m.Results[1].Remaining)
+
+	// The slot is taken: nothing is spent.
+	m, err = pgratelimit.AllowAll(ctx, charges...)
+	require.NoError(t, err)
+	require.False(t, m.Allowed)
+	require.False(t, m.Results[0].Allowed)
+	require.True(t, m.Results[1].Allowed)
+	require.Equal(t, int64(4), m.Results[1].Remaining)
+	require.InDelta(t, float64(time.Minute), float64(m.RetryAfter), float64(5*time.Second))
+	require.Equal(t, pgratelimit.Lease{}, m.Leases[0])
+	for _, lim := range []*pgratelimit.Limiter{perSec, perDay} {
+		r, err := lim.Peek(ctx, "u")
+		require.NoError(t, err)
+		require.Equal(t, lim.Config().Capacity-1, r.Remaining, "a denied call spent nothing")
+	}
+
+	// The slot is free but the daily bucket is empty: no lease is taken.
+	require.NoError(t, s.Release(ctx, "u", l.ID))
+	r, err := perDay.AllowN(ctx, "u", 1)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	m, err = pgratelimit.AllowAll(ctx, charges...)
+	require.NoError(t, err)
+	require.False(t, m.Allowed)
+	require.True(t, m.Results[0].Allowed, "the slot alone was free")
+	require.Equal(t, int64(1), m.Results[0].Remaining, "and is still")
+	require.False(t, m.Results[2].Allowed)
+	ls, err := s.Leases(ctx, "u")
+	require.NoError(t, err)
+	require.Empty(t, ls)
+
+	// Charges of one semaphore's key add up to one lease; a semaphore and
+	// a limiter of one prefix cannot share a call; a charge needs one of
+	// them.
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Semaphore: s, Key: "v", Cost: 1}, pgratelimit.Charge{Semaphore: s, Key: "v", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
+	same, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "slots", Capacity: 5, Refill: 1, Interval: time.Hour})
+	require.NoError(t, err)
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Semaphore: s, Key: "v", Cost: 1}, pgratelimit.Charge{Limiter: same, Key: "v", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Key: "v", Cost: 1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+}
+
+// A lease taken in the caller's transaction exists only if it commits,
+// with pgx and with database/sql; Wait refuses to wait there.
+func TestLeaseInTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "tx", Max: 1, TTL: time.Minute})
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	r, err := s.In(pgratelimit.PgxTx(tx)).Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, r.Acquired)
+	_, err = s.In(pgratelimit.PgxTx(tx)).Wait(ctx, "k", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	require.NoError(t, tx.Rollback(ctx))
+	ls, err := s.Leases(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, ls, "rolled back: no lease")
+
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	r, err = s.In(pgratelimit.SQLTx(stx)).Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, r.Acquired)
+	require.NoError(t, stx.Commit())
+	ls, err = s.Leases(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, ls, 1)
+	require.Equal(t, r.Lease.ID, ls[0].ID)
+
+	// A release in a rolled-back transaction releases nothing.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, s.In(pgratelimit.PgxTx(tx)).Release(ctx, "k", r.Lease.ID))
+	require.NoError(t, tx.Rollback(ctx))
+	d, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Acquired)
+}
+
+// commitEater is a connection whose replies are lost once it has seen a
+// COMMIT confirmed while armed: the transaction committed, the caller sees
+// a broken connection.
+type commitEater struct {
+	net.Conn
+	armed *atomic.Bool
+}
+
+func (c commitEater) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && c.armed.Load() && bytes.Contains(b[:n], []byte("COMMIT\x00")) {
+		c.armed.Store(false)
+		c.Conn.Close()
+		return 0, errors.New("the reply was lost")
+	}
+	return n, err
+}
+
+// Exactly once: an acquisition with a request ID whose reply is lost
+// committed its lease; the retry gets the same lease and takes no other
+// unit.
+func TestLeaseLostReply(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var armed atomic.Bool
+	cfg := testdb.NewSchema(t).Config.Copy()
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return commitEater{c, &armed}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "once", Max: 2, TTL: time.Minute})
+
+	rctx := pgratelimit.WithRequestID(ctx, "job-42")
+	armed.Store(true)
+	_, err = s.Acquire(rctx, "k", 1)
+	require.Error(t, err, "the reply was lost")
+	require.False(t, armed.Load(), "a COMMIT was confirmed")
+
+	r, err := s.Acquire(rctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, r.Acquired)
+	require.Equal(t, "job-42", r.Lease.ID)
+	require.Equal(t, int64(1), r.Held, "the retry took no other unit")
+	ls, err := s.Leases(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, []pgratelimit.Lease{r.Lease}, ls)
+}
+
+// Wait is woken by a release (a notification: far sooner than the expiry,
+// and sooner than the poll of a waiter that listens); it gives up past
+// MaxWait.
+func TestLeaseWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSemaphore(t, newPool(t), pgratelimit.SemaphoreConfig{Prefix: "w", Max: 1, TTL: time.Minute, MaxWait: 20 * time.Second})
+	held, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, held.Acquired)
+
+	got := make(chan pgratelimit.LeaseResult, 1)
+	errs := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		r, err := s.Wait(ctx, "k", 1)
+		got <- r
+		errs <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	released := time.Now()
+	require.NoError(t, s.Release(ctx, "k", held.Lease.ID))
+	r := <-got
+	require.NoError(t, <-errs)
+	require.True(t, r.Acquired)
+	woke := time.Since(released)
+	t.Logf("woken %s after the release (waited %s)", woke.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	require.Less(t, woke, time.Second, "woken by the release's notification, not by a poll")
+
+	short := newSemaphore(t, newPool(t), pgratelimit.SemaphoreConfig{Prefix: "w", Max: 1, TTL: time.Minute, MaxWait: 300 * time.Millisecond})
+	_, err = short.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	d, err := short.Wait(ctx, "k", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrWaitTooLong)
+	require.False(t, d.Acquired)
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = s.Wait(cctx, "k", 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// Through PgBouncer in transaction mode no notification can arrive: a
+// waiter polls, and gets the unit soon after the release all the same.
+func TestLeaseWaitThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := newSemaphore(t, pgbouncerPool(t), pgratelimit.SemaphoreConfig{Prefix: "w", Max: 1, TTL: time.Minute})
+	held, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, held.Acquired)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = s.Release(ctx, "k", held.Lease.ID)
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := s.Wait(wctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, r.Acquired)
+}
+
+// Cleanup deletes expired leases only; a deleted lease is not held:
+// Release is nil, Extend ErrLeaseNotFound.
+func TestLeaseCleanup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	clock := newClock()
+	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "c", Max: 5, TTL: 10 * time.Second, Clock: clock.Now})
+	e := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "c", Max: 5, TTL: 10 * time.Second, Clock: clock.Now, Storage: pgratelimit.Ephemeral})
+	old, err := s.Acquire(ctx, "k", 2)
+	require.NoError(t, err)
+	eold, err := e.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	clock.Add(20 * time.Second)
+	live, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), live.Held)
+
+	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgratelimit_leases) + (SELECT count(*) FROM pgratelimit_ephemeral_leases)`).Scan(&n))
+	require.Equal(t, 1, n, "the live lease stays")
+	require.NoError(t, s.Release(ctx, "k", old.Lease.ID))
+	_, err = e.Extend(ctx, "k", eold.Lease.ID)
+	require.ErrorIs(t, err, pgratelimit.ErrLeaseNotFound)
+	ls, err := s.Leases(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, []pgratelimit.Lease{live.Lease}, ls)
+}
+
+// Invalid input is refused before any database access.
+func TestLeaseInputs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := unreachablePool(t)
+	for _, cfg := range []pgratelimit.SemaphoreConfig{
+		{Max: 1, TTL: time.Second},
+		{Prefix: "p", TTL: time.Second},
+		{Prefix: "p", Max: 1},
+		{Prefix: "p", Max: 1, TTL: time.Nanosecond},
+		{Prefix: "p", Max: 1, TTL: time.Second, Storage: 7},
+		{Prefix: "p", Max: 1, TTL: time.Second, MaxWait: -1},
+	} {
+		_, err := pgratelimit.NewSemaphore(pool, cfg)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "%+v", cfg)
+	}
+	_, err := pgratelimit.NewSemaphore(nil, pgratelimit.SemaphoreConfig{Prefix: "p", Max: 1, TTL: time.Second})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	s, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: "p", Max: 2, TTL: time.Second})
+	require.NoError(t, err)
+	_, err = s.Acquire(ctx, "", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+	_, err = s.Acquire(ctx, "k", 0)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidCost)
+	_, err = s.Acquire(ctx, "k", 3)
+	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
+	_, err = s.Wait(ctx, "k", 3)
+	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
+	_, err = s.Acquire(pgratelimit.WithRequestID(ctx, ""), "k", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidRequestID)
+	require.ErrorIs(t, s.Release(ctx, "k", ""), pgratelimit.ErrInvalidLeaseID)
+	_, err = s.Extend(ctx, "k", "a\x00b")
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidLeaseID)
+	_, err = s.Leases(ctx, "k\x00")
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+}
+
+// The lease instruments: units held (acquired and not released, each lease
+// once) and denials, by prefix.
+func TestLeaseMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	s := newSemaphore(t, newPool(t), pgratelimit.SemaphoreConfig{Prefix: "m", Max: 3, TTL: time.Minute, MeterProvider: mp})
+	rctx := pgratelimit.WithRequestID(ctx, "r")
+	a, err := s.Acquire(rctx, "k", 2)
+	require.NoError(t, err)
+	_, err = s.Acquire(rctx, "k", 2) // a replay: counted once
+	require.NoError(t, err)
+	_, err = s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	d, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, d.Acquired)
+	require.NoError(t, s.Release(ctx, "k", a.Lease.ID))
+	require.NoError(t, s.Release(ctx, "k", a.Lease.ID))
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range sum.DataPoints {
+					prefix, _ := p.Attributes.Value("pgratelimit.prefix")
+					require.Equal(t, "m", prefix.AsString())
+					got[m.Name] += p.Value
+				}
+			}
+		}
+	}
+	require.Equal(t, map[string]int64{"pgratelimit.leases.held": 1, "pgratelimit.leases.denied": 1}, got)
+}
