@@ -156,7 +156,11 @@ func NewConsumer(pool *pgxpool.Pool, cfg ConsumerConfig) (*Consumer, error) {
 
 // defaultBackoff is 2^(n-1) seconds, at most an hour.
 func defaultBackoff(n int) time.Duration {
-	return min(time.Second<<min(max(n-1, 0), 12), time.Hour)
+	shift := 0
+	if n > 1 {
+		shift = min(n-1, 12)
+	}
+	return min(time.Second<<shift, time.Hour)
 }
 
 // Run delivers events until ctx ends, then returns nil once its listener
