@@ -9,7 +9,8 @@
 #   LATENCY_MS=1 bench/peers.sh 64 1 8 logged        # every response delayed 1 ms
 #   OURS_BIN=/path/to/pgratelimit bench/peers.sh     # a CLI built elsewhere (OURS_FLAGS: extra flags)
 #
-# Contenders: coalesce per-check (ours), tx pipelined upsert (pgbench), rlf, redis_rate.
+# Contenders: coalesce per-check (ours), async (ours_async: coalesce with --commit async,
+# Config.AsyncCommit), tx pipelined upsert (pgbench), rlf, redis_rate.
 # It installs what is missing (Debian's postgresql, redis-server, nodejs and npm; the npm
 # packages of bench/rlf; the Go modules of bench/), builds this repository's CLI and the
 # redis_rate contender, then runs the harness, `pgratelimit bench peers` (the CLI's
