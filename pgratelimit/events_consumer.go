@@ -51,7 +51,9 @@ type ConsumerConfig struct {
 	PollInterval time.Duration
 
 	// HandlerTimeout bounds each call of Handler (its context's deadline).
-	// Defaults to 1 minute.
+	// The batch's transaction stays open meanwhile: keep it below the
+	// server's idle_in_transaction_session_timeout, if one is set, or the
+	// batch is rolled back and delivered again. Defaults to 1 minute.
 	HandlerTimeout time.Duration
 
 	// MaxAttempts is how many times an event is tried before the consumer
