@@ -2,13 +2,15 @@ package pgratelimit_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"os"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -27,9 +29,19 @@ func Example_alerts() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	if err := migrations.Up(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	db.Close()
+	// The application's own table, which the handler below writes.
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS alert_emails (
+		event_id bigint PRIMARY KEY, customer text NOT NULL, kind text NOT NULL, balance bigint NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
 
 	quota, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "calls", Capacity: 1000, Refill: 1000,
+		Prefix: "api-calls", Capacity: 1000, Refill: 1000,
 		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month},
 		Grants:   true,
 		Alerts: pgratelimit.Alerts{
@@ -57,22 +69,34 @@ func Example_alerts() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	ctx, stop := context.WithTimeout(ctx, time.Minute) // in a service: until shutdown
-	defer stop()
-	go func() { _ = consumer.Run(ctx) }() // in every app instance: they share the work
 
-	// The charge that takes customer-42 past 800 used writes the "used 0.8"
-	// event in its own transaction.
-	if _, err := quota.AllowN(ctx, "customer-42", 10); err != nil {
+	// 850 calls' worth: the charge that takes customer-42 past 80% of the
+	// month writes the "used 0.8" event in its own transaction.
+	if _, err := quota.AllowN(ctx, "customer-42", 850); err != nil {
 		log.Fatal(err)
 	}
+	// In a service, every instance runs the consumer until shutdown
+	// (go consumer.Run(ctx)): they share the work. Here, deliver what is
+	// due now.
+	if _, err := consumer.RunOnce(ctx); err != nil {
+		log.Fatal(err)
+	}
+	var customer, kind string
+	var balance int64
+	if err := pool.QueryRow(ctx, `SELECT customer, kind, balance FROM alert_emails`).Scan(&customer, &kind, &balance); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(customer, kind, balance)
 
 	// The events, newest last (the CLI: pgratelimit events --follow).
-	events, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "calls", Limit: 20})
+	events, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "api-calls", Limit: 20})
 	if err != nil {
 		log.Fatal(err)
 	}
 	for _, e := range events {
-		log.Printf("%s %s: %s at %v/%d, balance %d", e.At.Format(time.RFC3339), e.Key, e.Kind, e.Fraction, e.Level, e.Balance)
+		fmt.Println(e.Key, e.Kind, e.Fraction, e.Balance, !e.DeliveredAt.IsZero())
 	}
+	// Output:
+	// customer-42 used 150
+	// customer-42 used 0.8 150 true
 }
