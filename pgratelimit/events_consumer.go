@@ -375,7 +375,7 @@ func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bo
 		return true, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{EventsChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, sqlgen.Events.Listen); err != nil {
 		return true, err
 	}
 	var b [8]byte
