@@ -47,6 +47,10 @@ func TestChildren(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Skip("no sleep command:", err)
 	}
+	// Spend CPU well beyond /proc's clock ticks (10ms), which Tree reads
+	// and Self, from getrusage, does not round to.
+	for Self() < 100*time.Millisecond {
+	}
 	found := false
 	for _, p := range ChildrenOf(os.Getpid()) {
 		found = found || p == cmd.Process.Pid
