@@ -6,11 +6,14 @@ package integration
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
@@ -175,4 +178,35 @@ func TestAlertsInCallersTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, r.Allowed)
 	require.Len(t, listEvents(t, pool, "tx"), 2)
+}
+
+// Every statement of alerts and events in each of pgx's query modes that
+// work behind PgBouncer: fired, listed and delivered.
+func TestAlertsQueryModes(t *testing.T) {
+	t.Parallel()
+	s := testdb.NewSchema(t)
+	for _, mode := range []string{"exec", "cache_describe", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			cfg, err := pgxpool.ParseConfig(s.URL(t) + "&default_query_exec_mode=" + mode)
+			require.NoError(t, err)
+			pool := s.PoolWithConfig(t, cfg)
+			l := alertLimiter(t, pool, pgratelimit.Config{Prefix: mode, Capacity: 4, Refill: 4, Interval: time.Hour,
+				Alerts: pgratelimit.Alerts{UsedFractions: []float64{0.5}, BalanceAtOrBelow: []int64{0}, Exhausted: true}})
+			for _, cost := range []int64{2, 2, 1, 1} {
+				_, err := l.AllowN(pgratelimit.WithRequestID(ctx, fmt.Sprint(mode, cost, time.Now().UnixNano())), "k", cost)
+				require.NoError(t, err)
+			}
+			require.Equal(t, []line{used(0.5), below(0), exhausted()}, lines(listEvents(t, pool, mode)))
+			c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{DisableListen: true, Prefixes: []string{mode},
+				Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { return nil }})
+			require.NoError(t, err)
+			n, err := c.RunOnce(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 3, n)
+			after, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: mode, AfterID: 1, Since: t0.Add(-time.Hour)})
+			require.NoError(t, err)
+			require.NotEmpty(t, after)
+		})
+	}
 }
