@@ -18,6 +18,9 @@ help: ## List the targets.
 demo: ## Serve the demo app and its page at http://127.0.0.1:8080/ (DATABASE_URL, else a throwaway PostgreSQL).
 	@trap 'exit 0' INT; $(GO) build -o bin/pgratelimit ./cmd/pgratelimit && exec ./bin/pgratelimit demo $(DEMOFLAGS)
 
+db: ## Start a throwaway PostgreSQL with the migrations applied and print its DATABASE_URL; it runs until Ctrl-C (DBFLAGS="--port 5433": a port of your choosing).
+	@trap 'exit 0' INT; $(GO) build -o bin/pgratelimit ./cmd/pgratelimit && exec ./bin/pgratelimit db $(DBFLAGS)
+
 test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
 	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done
 	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./internal/account/
@@ -72,4 +75,4 @@ bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redi
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
 	cd integration_test && $(GO) test -run '^$$' -bench . -benchtime 3s -count 1 ./...
 
-.PHONY: help demo test test-install test-integration test-pg-versions test-walk lint fuzz bench bench-peers
+.PHONY: help db demo test test-install test-integration test-pg-versions test-walk lint fuzz bench bench-peers

@@ -1,58 +1,17 @@
 package main
 
 import (
-	"fmt"
-	"math"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
 )
 
 // day is the largest unit human uses.
-const day = 24 * time.Hour
+const day = humantime.Day
 
-// human formats a wait for people, never shorter than the truth (rounded
-// up): under a minute as Go prints it, to the millisecond below 10s and to
-// the second from there ("412ms", "4.307s", "20s"); from a minute up in its
-// two largest units of days, hours, minutes and seconds, rounded up to the
-// second of them ("12m 5s", "3h 12m", "5d 14h"; "2h" when the second is 0).
-func human(d time.Duration) string {
-	if d <= 0 {
-		return "0s"
-	}
-	var unit time.Duration
-	switch {
-	case d < 10*time.Second:
-		unit = time.Millisecond
-	case d < time.Hour:
-		unit = time.Second
-	case d < day:
-		unit = time.Minute
-	default:
-		unit = time.Hour
-	}
-	if r := d % unit; r != 0 && d <= math.MaxInt64-unit {
-		d += unit - r
-	}
-	if d < time.Minute {
-		return d.String()
-	}
-	units := []struct {
-		size time.Duration
-		name string
-	}{{day, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}}
-	for i, u := range units {
-		if d < u.size {
-			continue
-		}
-		s := fmt.Sprintf("%d%s", d/u.size, u.name)
-		if i+1 < len(units) {
-			if n := d % u.size / units[i+1].size; n != 0 {
-				s += fmt.Sprintf(" %d%s", n, units[i+1].name)
-			}
-		}
-		return s
-	}
-	return d.String() // not reached: d is a minute or more
-}
+// human formats a wait for people: humantime.Duration, which the demo's
+// page shares ("412ms", "4.307s", "20s", "12m 5s", "3h 12m", "5d 14h").
+func human(d time.Duration) string { return humantime.Duration(d) }
 
 // momentLayout is how a moment is shown: to the minute, in the local time
 // zone, with its name.

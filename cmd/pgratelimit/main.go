@@ -1,6 +1,6 @@
 // Command pgratelimit operates pgratelimit's buckets: apply the migrations,
-// check, peek at, refund and reset keys, clean up expired rows, run a demo and
-// a load benchmark.
+// check, peek at, refund and reset keys, clean up expired rows, start a
+// throwaway PostgreSQL to try them on, run a demo and a load benchmark.
 //
 // Run "pgratelimit help" for the commands, and "pgratelimit COMMAND --help"
 // for each one's flags. Exit status: 0 allowed or done, 1 denied, 2 bad usage
@@ -41,8 +41,8 @@ type cli struct {
 // for the usage, and the function that runs it, which returns the exit
 // status. The command's own code lives beside main.go: keys.go (allow, peek,
 // refund, reset, grant, balance, settle, ledger), migrate.go (migrate,
-// cleanup), demo.go and bench.go (wiring for packages demo, bench and
-// peers).
+// cleanup), throwaway.go (db), demo.go and bench.go (wiring for packages
+// demo, bench and peers).
 type command struct {
 	name, args, summary string
 	run                 func(ctx context.Context, c *cli, args []string) int
@@ -68,6 +68,8 @@ func commands() []command {
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, "", ""},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never", ""},
+		{"db", "[--port N]", "start a throwaway PostgreSQL, migrated; print its DATABASE_URL and keep it until Ctrl-C", runDB, 2 * time.Minute,
+			"give up on starting the server and applying the migrations after D; 0: never", dbMore},
 		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
 			"give up on the database work of the set-up and of each request after D; 0: never", ""},
 		{"bench", "[flags]", "measure checks per second under load", runBench, time.Minute,

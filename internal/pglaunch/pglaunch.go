@@ -28,6 +28,10 @@ import (
 // worked. Its message lists why each one failed.
 var ErrUnavailable = errors.New("pglaunch: no PostgreSQL available")
 
+// ErrNoServerBinaries is why no local cluster started when there are no
+// server binaries to start one with (see BinDirEnv).
+var ErrNoServerBinaries = errors.New("no PostgreSQL server binaries")
+
 // Options tune Start.
 type Options struct {
 	// EnvVar names an environment variable holding a database URL to use as
@@ -37,9 +41,11 @@ type Options struct {
 	// container and returns its URL and how to stop it, or an error (no
 	// Docker engine, say) to fall through to the local server binaries.
 	Container func(ctx context.Context) (url string, stop func(context.Context) error, err error)
-	// TCP makes a local cluster also listen on a free loopback TCP port, and
-	// the URL use it; by default it listens on a unix socket only.
+	// TCP makes a local cluster also listen on a loopback TCP port (Port),
+	// and the URL use it; by default it listens on a unix socket only.
 	TCP bool
+	// Port is the loopback port of TCP. Defaults to a free one.
+	Port int
 	// Logf, when set, is told which way was taken and why others were not.
 	Logf func(format string, args ...any)
 }
@@ -118,7 +124,7 @@ const BinDirEnv = "PGRATELIMIT_PG_BIN"
 func binDir() (string, error) {
 	if dir := os.Getenv(BinDirEnv); dir != "" {
 		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err != nil {
-			return "", fmt.Errorf("%s=%s: %w", BinDirEnv, dir, err)
+			return "", fmt.Errorf("%w in %s=%s: %w", ErrNoServerBinaries, BinDirEnv, dir, err)
 		}
 		return dir, nil
 	}
@@ -139,7 +145,7 @@ func binDir() (string, error) {
 		}
 	}
 	if len(found) == 0 {
-		return "", errors.New("initdb and pg_ctl are not on PATH nor in /usr/lib/postgresql/*/bin")
+		return "", fmt.Errorf("%w: initdb and pg_ctl are not on PATH nor in /usr/lib/postgresql/*/bin", ErrNoServerBinaries)
 	}
 	version := func(d string) int {
 		n, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
@@ -227,9 +233,11 @@ func startLocal(ctx context.Context, opts Options) (*Instance, error) {
 	}
 	listen, port := "", 5432
 	if opts.TCP {
-		if port, err = freePort(); err != nil {
-			cleanup()
-			return nil, err
+		if port = opts.Port; port == 0 {
+			if port, err = freePort(); err != nil {
+				cleanup()
+				return nil, err
+			}
 		}
 		listen = "127.0.0.1"
 	}

@@ -234,26 +234,6 @@ func costParam(r *http.Request) int64 {
 	return n
 }
 
-// fmtLong writes a long duration for people: to the second under an
-// hour, to the minute under a day, in days and hours from a day up.
-func fmtLong(d time.Duration) string {
-	switch {
-	case d < time.Hour:
-		return d.Round(time.Second).String()
-	case d < 24*time.Hour:
-		d = d.Round(time.Minute)
-		if m := int64(d%time.Hour) / int64(time.Minute); m != 0 {
-			return fmt.Sprintf("%d h %d min", int64(d/time.Hour), m)
-		}
-		return fmt.Sprintf("%d h", int64(d/time.Hour))
-	}
-	h := int64(d.Round(time.Hour) / time.Hour)
-	if h%24 == 0 {
-		return fmt.Sprintf("%d days", h/24)
-	}
-	return fmt.Sprintf("%d days %d h", h/24, h%24)
-}
-
 // withRequestTimeout bounds each request's work (the limiter's database
 // work in the middleware) by d, when d > 0.
 func withRequestTimeout(d time.Duration, h http.Handler) http.Handler {

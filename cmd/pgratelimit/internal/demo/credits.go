@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
@@ -152,7 +153,7 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 		if m.RetryAfter == pgratelimit.InfDuration {
 			out.Message += fmt.Sprintf("Even a full quota (%d) would not cover it: grant credits.", res.Limit)
 		} else {
-			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", fmtLong(m.RetryAfter))
+			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", humantime.Duration(m.RetryAfter))
 		}
 	}
 	writeJSON(w, status, out)
@@ -194,7 +195,7 @@ func (a *app) serveGrant(w http.ResponseWriter, r *http.Request) {
 	}
 	expires := "never expires"
 	if !expiresAt.IsZero() {
-		expires = "expires in " + fmtLong(time.Until(expiresAt))
+		expires = "expires in " + humantime.Duration(time.Until(expiresAt))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"message": fmt.Sprintf("Granted %d credits (%s): %d granted in all, beside the quota's %d of %d.", amount, expires, c.Granted, c.Quota, c.Capacity),

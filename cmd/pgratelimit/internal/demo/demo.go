@@ -27,7 +27,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/pflag"
 
-	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/throwaway"
 	"github.com/pgratelimit/pgratelimit/migrations"
 )
 
@@ -54,6 +54,8 @@ type Options struct {
 	Timeout time.Duration
 	// Stdout receives the walkthrough and what to try; Stderr the app's log.
 	Stdout, Stderr io.Writer
+
+	throwaway string // the URL of the throwaway PostgreSQL Run started, if it did
 }
 
 // AddFlags defines the demo's flags on fs.
@@ -106,27 +108,30 @@ func run(ctx context.Context, o Options) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	return o.walkthrough(ctx, pool, "http://"+ln.Addr().String()+"/", served)
+	host, _, _ := net.SplitHostPort(ln.Addr().String())
+	return o.walkthrough(ctx, pool, "http://"+ln.Addr().String()+"/", "ip:"+host, served)
 }
 
 // database returns the database's URL: Options.DatabaseURL, or a throwaway
-// PostgreSQL's, which stop stops and removes.
-func (o Options) database(ctx context.Context) (url string, stop func(), err error) {
+// PostgreSQL's (whose URL it prints, for the CLI), which stop stops and
+// removes.
+func (o *Options) database(ctx context.Context) (url string, stop func(), err error) {
 	if o.DatabaseURL != "" {
 		return o.DatabaseURL, func() {}, nil
 	}
 	fmt.Fprintln(o.Stdout, "No DATABASE_URL: starting a throwaway PostgreSQL...")
-	in, err := pglaunch.Start(ctx, pglaunch.Options{})
+	db, err := throwaway.Start(ctx, 0)
 	if err != nil {
-		return "", nil, err
+		return "", nil, fmt.Errorf("%w; or set DATABASE_URL to a PostgreSQL of yours", err)
 	}
-	fmt.Fprintf(o.Stdout, "Started PostgreSQL (%s).\n", in.Source)
-	return in.URL, func() {
+	o.throwaway = db.URL
+	fmt.Fprintf(o.Stdout, "Started PostgreSQL %s, removed when the demo stops: DATABASE_URL=%s\n", db.Version, db.URL)
+	return db.URL, func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		if err := in.Close(sctx); err != nil {
+		if err := db.Close(sctx); err != nil {
 			fmt.Fprintln(o.Stderr, "stopping the throwaway PostgreSQL:", err)
-		} else if in.Source != "env" {
+		} else {
 			fmt.Fprintln(o.Stdout, "Stopped and removed the throwaway PostgreSQL.")
 		}
 	}, nil
@@ -169,9 +174,9 @@ func (o Options) setUp(ctx context.Context, pool *pgxpool.Pool) (net.Listener, *
 }
 
 // walkthrough sends the app seven requests, prints what came back and,
-// unless Once, what to try, then waits until ctx is done or the server
-// fails.
-func (o Options) walkthrough(ctx context.Context, pool *pgxpool.Pool, page string, served <-chan error) error {
+// unless Once, what to try (with the CLI on key's credits), then waits until
+// ctx is done or the server fails.
+func (o Options) walkthrough(ctx context.Context, pool *pgxpool.Pool, page, key string, served <-chan error) error {
 	limited := page + "api/limited"
 	fmt.Fprintf(o.Stdout, "Serving %s: burst of 5, then 1 request per second per client IP.\n\n", limited)
 	// Refills fall on whole seconds of the database's clock: the seven
@@ -190,8 +195,15 @@ func (o Options) walkthrough(ctx context.Context, pool *pgxpool.Pool, page strin
 	}
 	fmt.Fprintf(o.Stdout, "\nThe page:         %s  (send requests, watch the bucket refill, change the policy)\n", page)
 	fmt.Fprintf(o.Stdout, "Try it by hand:   curl -i %s\n", limited)
-	fmt.Fprintf(o.Stdout, "Credits:          curl -i -X POST '%sapi/credits/charge?cost=7'  (a monthly quota of %d; grant with api/credits/grant?amount=10)\nCtrl-C to stop.\n",
-		page, creditsPolicy().Capacity)
+	cp := creditsPolicy()
+	fmt.Fprintf(o.Stdout, "Credits:          curl -i -X POST '%sapi/credits/charge?cost=7'  (a monthly quota of %d; grant with api/credits/grant?amount=10)\n",
+		page, cp.Capacity)
+	fmt.Fprintf(o.Stdout, "The CLI:          pgratelimit balance %s --prefix %s --capacity %d --refill %d --every month  (the credits above)\n",
+		key, cp.Prefix, cp.Capacity, cp.Refill)
+	if o.throwaway != "" {
+		fmt.Fprintf(o.Stdout, "                  in a shell with: export DATABASE_URL=%s\n", o.throwaway)
+	}
+	fmt.Fprintln(o.Stdout, "Ctrl-C to stop.")
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(o.Stdout, "\nStopping.")

@@ -27,12 +27,28 @@ function showError(msg) {
   el.textContent = msg || "";
 }
 
+// fmtMs says a wait as the CLI does (package humantime), never shorter than
+// the truth: "850ms" and "4.4s" (to the tenth, where the CLI gives the
+// millisecond), "20s"; from a minute up in its two largest units of days,
+// hours, minutes and seconds, rounded up to the second ("12m 5s", "3h 12m",
+// "5d 14h"; "2h" when the second is 0).
 function fmtMs(ms) {
-  if (ms < 1000) return `${ms} ms`;
-  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
-  if (ms < 3600000) return `${Math.floor(ms / 60000)} min ${Math.round((ms % 60000) / 1000)} s`;
-  const h = Math.round(ms / 3600000);
-  return h < 24 ? `${h} h` : `${Math.floor(h / 24)} days${h % 24 ? ` ${h % 24} h` : ""}`;
+  if (!(ms > 0)) return "0s";
+  if (ms < 1000) return `${Math.ceil(ms)}ms`;
+  if (Math.ceil(ms / 100) < 100) return `${(Math.ceil(ms / 100) / 10).toFixed(1)}s`;
+  const units = [[86400000, "d"], [3600000, "h"], [60000, "m"], [1000, "s"]];
+  const unit = ms < 3600000 ? 1000 : ms < 86400000 ? 60000 : 3600000;
+  ms = Math.ceil(ms / unit) * unit;
+  if (ms < 60000) return `${ms / 1000}s`;
+  const i = units.findIndex(([size]) => ms >= size);
+  const [size, name] = units[i];
+  let s = `${Math.floor(ms / size)}${name}`;
+  if (i + 1 < units.length) {
+    const [next, nextName] = units[i + 1];
+    const n = Math.floor((ms % size) / next);
+    if (n) s += ` ${n}${nextName}`;
+  }
+  return s;
 }
 
 function update(st) {
