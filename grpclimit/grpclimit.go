@@ -40,6 +40,16 @@
 //	grpclimit.WithExempt(grpclimit.ExemptMethods("grpc.health.v1.Health",
 //		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
 //
+// # Concurrency
+//
+// WithSemaphore makes each call, or each stream for as long as it is open,
+// hold a lease of a pgratelimit.Semaphore for its key while its handler
+// runs: "at most 5 calls in flight per client". The lease is taken with the
+// limiter's tokens, all or nothing, extended every TTL/3 and released when
+// the handler returns (also when it panics). A call that finds no free
+// units ends with codes.ResourceExhausted and the same fields; exempt
+// calls take no lease.
+//
 // # Failures and timeouts
 //
 // When the database fails, the interceptors fail closed with
@@ -199,6 +209,25 @@ func WithShadow() Option {
 	return func(o *options) { o.Shadow = true }
 }
 
+// WithSemaphore makes each call (each stream, for as long as it is open)
+// hold a lease of weight units of sem for its key (the limiters' key) while
+// its handler runs: taken in the same pgratelimit.AllowAll as the
+// limiter's tokens (all or nothing), extended every TTL/3, released when
+// the handler returns, also when it panics. A call that finds no free units
+// is denied as the limiter denies one (codes.ResourceExhausted, with the
+// rate-limit metadata: the semaphore's policy is "name";q=Max and
+// RateLimit reports it as "name";r=free). weight nil is 1 for every call.
+// The limiter given to the interceptor may then be nil: concurrency alone.
+// sem must use the limiter's pool.
+func WithSemaphore(sem *pgratelimit.Semaphore, weight func(ctx context.Context, fullMethod string) int64) Option {
+	return func(o *options) {
+		o.Semaphore = sem
+		if weight != nil {
+			o.Weight = weight
+		}
+	}
+}
+
 // WithLogger sets the logger of database errors and, in shadow mode, of
 // would-be denials. Defaults to slog.Default().
 func WithLogger(l *slog.Logger) Option {
@@ -221,7 +250,10 @@ type checker struct {
 }
 
 func newChecker(l *pgratelimit.Limiter, opts []Option) *checker {
-	limiters := []*pgratelimit.Limiter{l}
+	var limiters []*pgratelimit.Limiter
+	if l != nil {
+		limiters = []*pgratelimit.Limiter{l}
+	}
 	cfg := options{
 		Name:     "grpclimit",
 		Noun:     "call",
@@ -322,7 +354,11 @@ func StreamServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.Stream
 // failure (fail closed) or a call without a key. Prefer this package's
 // interceptors where that matters. For server interceptors only: a client's
 // context has no peer and no server stream.
+//
+// The chain cannot hold anything for a call's duration: WithSemaphore is
+// ignored here (use this package's interceptors for leases).
 func MiddlewareLimiter(l *pgratelimit.Limiter, opts ...Option) ratelimit.Limiter {
+	opts = append(opts[:len(opts):len(opts)], func(o *options) { o.Semaphore = nil })
 	return middlewareLimiter{newChecker(l, opts)}
 }
 

@@ -50,7 +50,15 @@ func (f Fields) Set(h http.Header) {
 // FieldsFor returns the fields of the answer to a check of limiters (in the
 // order charged, as given to pgratelimit.AllowAll) that gave res.
 func FieldsFor(limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) Fields {
-	policies := make([]string, len(limiters))
+	return FieldsForAll(limiters, nil, res)
+}
+
+// FieldsForAll is FieldsFor for a check of limiters and, when sem is not
+// nil, a lease of sem (charged last): its policy is its prefix with q its
+// Max, and RateLimit reports it, when it is the one, with r its free units
+// (no w and no t: a semaphore has no window, and nothing resets).
+func FieldsForAll(limiters []*pgratelimit.Limiter, sem *pgratelimit.Semaphore, res pgratelimit.MultiResult) Fields {
+	policies := make([]string, len(limiters), len(limiters)+1)
 	for i, l := range limiters {
 		cfg := l.Config()
 		now := time.Now()
@@ -60,11 +68,16 @@ func FieldsFor(limiters []*pgratelimit.Limiter, res pgratelimit.MultiResult) Fie
 		w := Window(cfg, res.Results[i], now)
 		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", SFString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(w))
 	}
+	if sem != nil {
+		policies = append(policies, fmt.Sprintf("%s;q=%d", SFString(sem.Config().Prefix), sfInt(sem.Config().Max)))
+	}
 	i := closest(res)
 	top := res.Results[i]
-	f := Fields{
-		Policy:    strings.Join(policies, ", "),
-		RateLimit: fmt.Sprintf("%s;r=%d;t=%d", SFString(limiters[i].Config().Prefix), sfInt(top.Remaining), sfInt(CeilSeconds(top.ResetAfter))),
+	f := Fields{Policy: strings.Join(policies, ", ")}
+	if i < len(limiters) {
+		f.RateLimit = fmt.Sprintf("%s;r=%d;t=%d", SFString(limiters[i].Config().Prefix), sfInt(top.Remaining), sfInt(CeilSeconds(top.ResetAfter)))
+	} else {
+		f.RateLimit = fmt.Sprintf("%s;r=%d", SFString(sem.Config().Prefix), sfInt(top.Remaining))
 	}
 	if !res.Allowed {
 		f.RetryAfter = strconv.FormatInt(max(CeilSeconds(res.RetryAfter), 1), 10)

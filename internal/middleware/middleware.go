@@ -22,9 +22,10 @@
 //
 // Check returns, with the Decision, a release func that the adapter calls
 // when the request has ended, also when its handler panics (it defers it). A
-// step that holds something for as long as the request runs (a concurrency
-// slot) takes it in Check and gives it back in release. No step holds
-// anything yet: release does nothing.
+// step that holds something for as long as the request runs takes it in
+// Check and gives it back in release: with Config.Semaphore, a lease of the
+// request's key, taken in the same AllowAll as the limiters' tokens,
+// extended every TTL/3 while the request runs, and released by release.
 package middleware
 
 import (
@@ -74,6 +75,17 @@ type Config[R any] struct {
 	// Cost returns the tokens a request takes. Defaults to 1.
 	Cost func(ctx context.Context, r R) int64
 
+	// Semaphore, when set, makes every request that is checked hold a
+	// lease of its key (the limiters' key) for as long as it runs: taken
+	// in the same AllowAll as the limiters' tokens (all or nothing),
+	// extended every TTL/3 while the request runs, released when it ends.
+	// A request that finds no free units is denied like one the limiters
+	// deny. Limiters may then return none. Defaults to nil: no lease.
+	Semaphore *pgratelimit.Semaphore
+
+	// Weight returns the units of a request's lease. Defaults to 1.
+	Weight func(ctx context.Context, r R) int64
+
 	// FailOpen lets requests through (Pass) when the check fails. Defaults
 	// to false: Unavailable.
 	FailOpen bool
@@ -112,6 +124,9 @@ func New[R any](cfg Config[R]) *Core[R] {
 	}
 	if cfg.Cost == nil {
 		cfg.Cost = func(context.Context, R) int64 { return 1 }
+	}
+	if cfg.Weight == nil {
+		cfg.Weight = func(context.Context, R) int64 { return 1 }
 	}
 	if cfg.CheckTimeout == 0 {
 		cfg.CheckTimeout = DefaultCheckTimeout
@@ -184,10 +199,13 @@ type Decision struct {
 	// Err is why a request is Invalid, Unavailable or Ended, or the failure
 	// a request Passes despite.
 	Err error
-	// Key, Limiters and Result are the check's, when it was made.
-	Key      string
-	Limiters []*pgratelimit.Limiter
-	Result   pgratelimit.MultiResult
+	// Key, Limiters, Semaphore and Result are the check's, when it was
+	// made: Result.Results has the limiters' results, in order, then the
+	// semaphore's when there is one.
+	Key       string
+	Limiters  []*pgratelimit.Limiter
+	Semaphore *pgratelimit.Semaphore
+	Result    pgratelimit.MultiResult
 	// Fields are the rate-limit fields to send with an Allow or a Deny.
 	Fields Fields
 }
@@ -198,8 +216,14 @@ type Decision struct {
 // a Decision with a Result.
 func (d Decision) Reported() int { return closest(d.Result) }
 
-// Prefix is the Config.Prefix of the limiter that Reported names.
-func (d Decision) Prefix() string { return d.Limiters[d.Reported()].Config().Prefix }
+// Prefix is the Config.Prefix of the limiter that Reported names, or the
+// semaphore's SemaphoreConfig.Prefix.
+func (d Decision) Prefix() string {
+	if i := d.Reported(); i < len(d.Limiters) {
+		return d.Limiters[i].Config().Prefix
+	}
+	return d.Semaphore.Config().Prefix
+}
 
 // nothing is the release func of a check that holds nothing.
 func nothing() {}
@@ -220,13 +244,19 @@ func (c *Core[R]) Check(ctx context.Context, r R) (Decision, func()) {
 		return c.refuse(ctx, r, err), nothing
 	}
 	cost := c.cfg.Cost(ctx, r)
-	res, err := c.allow(ctx, limiters, key, cost)
-	return c.decide(ctx, r, Decision{Key: key, Limiters: limiters, Result: res}, err), nothing
+	var weight int64
+	if c.cfg.Semaphore != nil {
+		weight = c.cfg.Weight(ctx, r)
+	}
+	res, err := c.allow(ctx, limiters, key, cost, weight)
+	d := c.decide(ctx, r, Decision{Key: key, Limiters: limiters, Semaphore: c.cfg.Semaphore, Result: res}, err)
+	return d, c.hold(ctx, r, d)
 }
 
-// allow charges key cost tokens of each limiter, all or none, within the
-// check timeout, as a shadow check in shadow mode.
-func (c *Core[R]) allow(ctx context.Context, limiters []*pgratelimit.Limiter, key string, cost int64) (pgratelimit.MultiResult, error) {
+// allow charges key cost tokens of each limiter and a lease of weight units
+// of the semaphore, if any, all or none, within the check timeout, as a
+// shadow check in shadow mode.
+func (c *Core[R]) allow(ctx context.Context, limiters []*pgratelimit.Limiter, key string, cost, weight int64) (pgratelimit.MultiResult, error) {
 	if c.cfg.CheckTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.CheckTimeout)
@@ -235,9 +265,12 @@ func (c *Core[R]) allow(ctx context.Context, limiters []*pgratelimit.Limiter, ke
 	if c.cfg.Shadow {
 		ctx = pgratelimit.WithShadow(ctx)
 	}
-	charges := make([]pgratelimit.Charge, len(limiters))
+	charges := make([]pgratelimit.Charge, len(limiters), len(limiters)+1)
 	for i, l := range limiters {
 		charges[i] = pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}
+	}
+	if c.cfg.Semaphore != nil {
+		charges = append(charges, pgratelimit.Charge{Semaphore: c.cfg.Semaphore, Key: key, Cost: weight})
 	}
 	return pgratelimit.AllowAll(ctx, charges...)
 }
@@ -269,7 +302,7 @@ func (c *Core[R]) decide(ctx context.Context, r R, d Decision, err error) Decisi
 	default:
 		d.Verdict = Deny
 	}
-	d.Fields = FieldsFor(d.Limiters, d.Result)
+	d.Fields = FieldsForAll(d.Limiters, d.Semaphore, d.Result)
 	return d
 }
 

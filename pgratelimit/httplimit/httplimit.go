@@ -45,6 +45,18 @@
 //
 //	httplimit.Options{Exempt: httplimit.ExemptPaths("/healthz", "/readyz")}
 //
+// # Concurrency
+//
+// Options.Semaphore makes each request hold a lease of its key (the same key
+// as the limiters') for as long as its handler runs: "at most 5 requests in
+// flight per client". The lease is taken in the same pgratelimit.AllowAll
+// as the limiters' tokens (all or nothing), extended every TTL/3 while the
+// handler runs, and released when it returns, also when it panics. A
+// request that finds no free units gets the 429 of a denied one, with
+// Retry-After; RateLimit-Policy lists the semaphore as "name";q=Max, and
+// RateLimit reports it, when it is the limit that matters, as "name";r=free.
+// Middleware(nil, opts) with a Semaphore limits concurrency alone.
+//
 // # Failures and timeouts
 //
 // When the database fails, the middleware fails closed (503) by default, or
@@ -155,6 +167,16 @@ type Options struct {
 	// overriding those given to MiddlewareAll or Middleware. An error is
 	// answered by ErrorHandler. Defaults to nil: the limiters given.
 	Limiters func(r *http.Request, key string) ([]*pgratelimit.Limiter, error)
+
+	// Semaphore, when set, makes each request hold a lease of its key for
+	// as long as its handler runs (see Concurrency in the package doc): a
+	// request that finds no free units is denied (429). It must use the
+	// limiters' pool. Defaults to nil: no lease.
+	Semaphore *pgratelimit.Semaphore
+
+	// Weight is how many units of the Semaphore a request's lease holds.
+	// Defaults to 1 for every request.
+	Weight func(r *http.Request) int64
 }
 
 // DefaultCheckTimeout is the bound on each check when Options.CheckTimeout
@@ -163,8 +185,13 @@ type Options struct {
 const DefaultCheckTimeout = middleware.DefaultCheckTimeout
 
 // Middleware returns middleware that checks every request against l before
-// passing it on. See the package doc for headers, keys and failures.
+// passing it on. See the package doc for headers, keys and failures. l may
+// be nil when Options.Semaphore is set: the middleware then limits
+// concurrency alone.
 func Middleware(l *pgratelimit.Limiter, opts Options) func(http.Handler) http.Handler {
+	if l == nil {
+		return MiddlewareAll(nil, opts)
+	}
 	return MiddlewareAll([]*pgratelimit.Limiter{l}, opts)
 }
 
@@ -232,6 +259,10 @@ func (opts Options) core() middleware.Config[*http.Request] {
 		Shadow:       opts.Shadow,
 		CheckTimeout: opts.CheckTimeout,
 		Logger:       opts.Logger,
+		Semaphore:    opts.Semaphore,
+	}
+	if opts.Weight != nil {
+		cfg.Weight = func(_ context.Context, r *http.Request) int64 { return opts.Weight(r) }
 	}
 	if opts.Exempt != nil {
 		cfg.Exempt = func(_ context.Context, r *http.Request) bool { return opts.Exempt(r) }
