@@ -23,6 +23,7 @@ var (
 		"pgratelimit/example_test.go",
 		"pgratelimit/readme_example_test.go",
 		"pgratelimit/alert_example_test.go",
+		"pgratelimit/lease_example_test.go",
 		"pgratelimit/httplimit/readme_example_test.go",
 		"grpclimit/example_test.go",
 		"connectlimit/example_test.go",
