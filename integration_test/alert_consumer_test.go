@@ -106,7 +106,14 @@ func TestConsumerDeliversAndRetries(t *testing.T) {
 	})
 	time.Sleep(100 * time.Millisecond) // the listener's probe
 	emit(t, pool, "c", 20)
-	require.Eventually(t, func() bool { return undelivered(t, pool, "c") == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		for _, e := range listEvents(t, pool, "c") {
+			if e.Key == "k003" && e.Attempts < 3 || e.Key != "k003" && e.DeliveredAt.IsZero() {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond)
 	evs := listEvents(t, pool, "c")
 	require.Len(t, evs, 20)
 	mu.Lock()
@@ -186,10 +193,11 @@ func TestConsumerKilledMidDelivery(t *testing.T) {
 			admin := s.Pool(t, 2)
 			emit(t, pool, "x", 1)
 			blocked := make(chan struct{})
+			var once sync.Once
 			stop := runConsumer(t, pool, pgratelimit.ConsumerConfig{DisableListen: true, PollInterval: 10 * time.Millisecond,
 				Handler: func(ctx context.Context, _ pgx.Tx, _ pgratelimit.Event) error {
-					close(blocked)
-					<-ctx.Done() // blocks until the consumer is killed (or HandlerTimeout)
+					once.Do(func() { close(blocked) })
+					<-ctx.Done() // blocks until the consumer is stopped (or HandlerTimeout)
 					return ctx.Err()
 				}})
 			<-blocked
@@ -203,6 +211,7 @@ WHERE application_name = $1 AND backend_type = 'client backend'`, app)
 			evs := listEvents(t, admin, "x")
 			require.Len(t, evs, 1)
 			require.True(t, evs[0].DeliveredAt.IsZero())
+			require.Zero(t, evs[0].Attempts, "a killed delivery counts no attempt")
 			var delivered sync.WaitGroup
 			delivered.Add(1)
 			runConsumer(t, admin, pgratelimit.ConsumerConfig{DisableListen: true, PollInterval: 10 * time.Millisecond,
