@@ -34,7 +34,7 @@ func newLeaseInstruments(mp metric.MeterProvider, prefix string) *leaseInstrumen
 	// As for a limiter's: a provider that refuses one only loses it.
 	in.held, _ = m.Int64UpDownCounter("pgratelimit.leases.held", metric.WithUnit("{unit}"),
 		metric.WithDescription("Units held by the leases this process acquired and has not released, by semaphore prefix "+
-			"(a lease that expires counts until its Release or Extend says so)."))
+			"(one that expired unreleased counts until its Release)."))
 	in.denied, _ = m.Int64Counter("pgratelimit.leases.denied", metric.WithUnit("{acquisition}"),
 		metric.WithDescription("Lease acquisitions denied for want of free units, by semaphore prefix."))
 	return in
