@@ -88,12 +88,6 @@ type CleanupStats struct {
 	Err error
 }
 
-// cleanupLockClass is the first key of the pg_try_advisory_xact_lock that
-// lets one Cleaner at a time work on a schema's tables ("pglc" in ASCII);
-// the second is the hash of the schema's name (current_schema(), the first
-// of the search_path), so cleaners of other schemas do not wait on it.
-const cleanupLockClass int32 = 0x70676c63
-
 // DeleteExpired deletes the rows of both bucket tables (durable and
 // ephemeral) whose expires_at has passed: buckets that are full again, which
 // a check treats exactly like missing rows, and the grants that are spent

@@ -34,10 +34,6 @@ type Plan struct {
 	intervals map[time.Duration]string // horizons as interval input, formatted once
 }
 
-// perRowMax is the most rows an own transaction sends as statements of one
-// row each rather than one statement over arrays.
-const perRowMax = 4
-
 // NewPlan plans a transaction of reqs with the settings set: of its own
 // (own) or in the caller's, first tried in lock mode mode.
 func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
