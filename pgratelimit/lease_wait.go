@@ -79,7 +79,10 @@ func (s *Semaphore) Wait(ctx context.Context, key string, weight int64) (LeaseRe
 		} else {
 			backoff = min(2*backoff, pollMax)
 		}
-		sleep = min(jitter(sleep), r.RetryAfter+jitter(pollMin), left)
+		if sleep = jitter(sleep); r.RetryAfter < sleep {
+			sleep = r.RetryAfter + jitter(pollMin) // enough leases expire first
+		}
+		sleep = min(sleep, left)
 		err = w.sleep(ctx, sleep)
 		s.wake.remove(w)
 		if err != nil {
