@@ -9,6 +9,12 @@ FUZZLONG ?= 5m
 # library's stays lean; go.work
 # ties them together for development.
 MODULES := . cmd/pgratelimit integration_test bench grpclimit connectlimit
+# The fuzz targets, as package:Name: make test runs each FUZZTIME, make fuzz
+# FUZZLONG.
+FUZZ := ./internal/account/:FuzzAccount ./internal/account/:FuzzRefillMath \
+  ./internal/account/:FuzzSchedule ./pgratelimit/:FuzzValidate \
+  ./internal/lease/:FuzzLeases ./internal/alert/:FuzzCrossed \
+  ./internal/alert/:FuzzOncePerPeriod ./internal/citus/:FuzzHashText
 
 .DEFAULT_GOAL := help
 
@@ -23,10 +29,7 @@ db: ## Start a throwaway PostgreSQL with the migrations applied and print its DA
 
 test: lint ## Everything: lint, all tests with -race (integration in both modes), a short fuzz run.
 	@set -e; for m in $(MODULES); do echo "== go test $$m"; (cd $$m && $(GO) test -race -count=1 ./...); done
-	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZTIME) ./internal/account/
-	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZTIME) ./internal/account/
-	$(GO) test -run '^$$' -fuzz FuzzAccount -fuzztime $(FUZZTIME) ./internal/account/
-	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZTIME) ./pgratelimit/
+	@$(MAKE) --no-print-directory fuzz FUZZLONG=$(FUZZTIME)
 
 test-integration: ## The integration suite alone; one go test runs it in both coalescing modes (PGRATELIMIT_TEST_MODE=coalesce or per-check: one; PGRATELIMIT_PG_BIN picks the server binaries).
 	cd integration_test && $(GO) test -race -count=1 ./...
@@ -56,11 +59,9 @@ lint: ## gofmt, go vet, staticcheck, go mod tidy (changes nothing), and the libr
 test-install: ## Release the working tree into a module proxy on disk, then go install the CLI and go get the library from it in fresh modules.
 	bash .ci/test-install
 
-fuzz: ## Fuzz the account model (every operation in random sequences), the refill math, the schedules and the input validation for longer (FUZZLONG=5m each).
-	$(GO) test -run '^$$' -fuzz FuzzAccount -fuzztime $(FUZZLONG) ./internal/account/
-	$(GO) test -run '^$$' -fuzz FuzzRefillMath -fuzztime $(FUZZLONG) ./internal/account/
-	$(GO) test -run '^$$' -fuzz FuzzSchedule -fuzztime $(FUZZLONG) ./internal/account/
-	$(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime $(FUZZLONG) ./pgratelimit/
+fuzz: ## Run each fuzz target (FUZZ) for longer (FUZZLONG=5m each): the account model, refill math, schedules, input validation, leases, alerts, Citus's hash.
+	@set -e; for t in $(FUZZ); do echo "== fuzz $${t#*:} $${t%%:*}"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZLONG) $${t%%:*}; done
 
 test-walk: ## The money walk for longer: WALKS (default 5) walks of WALK_STEPS (default 3000) steps with random seeds, both coalescing modes, with faults and through PgBouncer.
 	@set -e; for i in $$(seq $${WALKS:-5}); do seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); echo "== walk seed $$seed"; \

@@ -212,6 +212,18 @@ func TestLeaseInTransaction(t *testing.T) {
 	d, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
 	require.False(t, d.Acquired)
+
+	// The deprecated AllowAllTx runs a Semaphore's first charge in tx too:
+	// rolled back, no lease.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	m, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Semaphore: s, Key: "all", Cost: 1})
+	require.NoError(t, err)
+	require.True(t, m.Allowed)
+	require.NoError(t, tx.Rollback(ctx))
+	ls, err = s.Leases(ctx, "all")
+	require.NoError(t, err)
+	require.Empty(t, ls, "AllowAllTx rolled back: no lease")
 }
 
 // commitEater is a connection whose replies are lost once it has seen a

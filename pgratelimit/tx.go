@@ -90,10 +90,14 @@ func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiRes
 
 // allowAllIn is AllowAll in tx.
 func allowAllIn(ctx context.Context, tx Tx, charges []Charge) (MultiResult, error) {
-	if len(charges) > 0 && charges[0].Limiter != nil {
+	if len(charges) > 0 && (charges[0].Limiter != nil || charges[0].Semaphore != nil) {
 		cs := make([]Charge, len(charges))
 		copy(cs, charges)
-		cs[0].Limiter = cs[0].Limiter.In(tx)
+		if cs[0].Limiter != nil {
+			cs[0].Limiter = cs[0].Limiter.In(tx)
+		} else {
+			cs[0].Semaphore = cs[0].Semaphore.In(tx)
+		}
 		charges = cs
 	}
 	return AllowAll(ctx, charges...)
