@@ -54,6 +54,24 @@
 // buckets, also with different policies: that is how per-customer plans
 // work.
 //
+// # Concurrency leases
+//
+// A Semaphore limits how many things run at once rather than how many start
+// per second: Acquire takes a lease of some weight on a key if the live
+// leases' weights leave room under SemaphoreConfig.Max, Release gives it
+// back, Extend keeps it alive, and a lease whose holder died counts until
+// its TTL passes. Wait waits for room. Leases take part in AllowAll
+// (Charge.Semaphore) and In like any charge; each carries a fencing token
+// that only grows.
+//
+// # Usage alerts
+//
+// Config.Alerts names thresholds (a fraction of the period used, a balance
+// at or below an amount, exhaustion). The charge that crosses one writes an
+// Event in its own transaction, once per period; a Consumer (NewConsumer)
+// hands each event to an EventHandler in a transaction where the app's own
+// writes commit with the delivery, so each is handled exactly once.
+//
 // # Clients
 //
 // A Client holds what the limiters of one pool share: the coalescer and the
@@ -78,7 +96,9 @@
 //
 // Config.MeterProvider (default: the global OpenTelemetry one) receives
 // pgratelimit.checks, pgratelimit.check.duration and pgratelimit.batch.size;
-// cleanup reports pgratelimit.cleanup.deleted.
+// cleanup reports pgratelimit.cleanup.deleted, a Semaphore
+// pgratelimit.leases.held and pgratelimit.leases.denied, alerts
+// pgratelimit.events.emitted and pgratelimit.events.delivered.
 //
 // # Time
 //
@@ -99,9 +119,11 @@
 // The tables come from the goose migrations in package migrations. A Limiter
 // with Storage Durable uses a logged table (right for credits); Ephemeral uses
 // an UNLOGGED one (faster; emptied after a crash, so right for request rates).
+// Config.AsyncCommit keeps the logged table but commits without waiting for
+// the WAL flush: a server crash forgets the last moments' charges, as if
+// refunded (never money: limiters with Grants or Ledger refuse it).
 // On Citus, distribute them by key (migrations.Distribute): a Client finds
-// out when it is made (a default client at its first check; Client.Detect
-// asks again), sends each check whose buckets' shards sit on one node straight
+// out when it is made (Client.Detect asks again), sends each check whose buckets' shards sit on one node straight
 // to that node, where it runs on the shards' own tables (internal/citus;
 // ClientConfig.DisableRouting turns that off), and sends the rest through the
 // coordinator in statements that each route to one shard.

@@ -110,23 +110,21 @@ type Config struct {
 	// get one by one. This multiplies throughput, most on hot keys, and adds
 	// no latency when checks do not overlap. A coalesced transaction never
 	// waits for a row that another transaction holds: the checks of that row
-	// wait for it alone. AllowNTx never coalesces. Defaults to false:
-	// coalescing on.
+	// wait for it alone. A check in the caller's transaction (In) never
+	// coalesces. Defaults to false: coalescing on.
 	DisableCoalescing bool
 
 	// CoalesceConns is, for a limiter made by New, how many coalesced
-	// transactions (so pool connections) the pool's default client runs at
-	// once: the largest any of its limiters asks for, capped at the pool's
-	// MaxConns (see ClientConfig.CoalesceConns). A limiter made by
-	// Client.NewLimiter takes its client's and must leave this 0.
-	// Defaults to 2.
+	// transactions (so pool connections) its own client runs at once (see
+	// ClientConfig.CoalesceConns). A limiter made by Client.NewLimiter
+	// takes its client's and must leave this 0. Defaults to 2.
 	CoalesceConns int
 
 	// LockTimeout bounds how long a check waits for its bucket's row lock
 	// (SET LOCAL lock_timeout) when another transaction holds it: past it
 	// the check fails with ErrLockTimeout, which is safe to retry, instead
 	// of queueing behind a long transaction. It applies to the limiter's own
-	// transactions, not to AllowNTx (set lock_timeout in your transaction
+	// transactions, not to those of In (set lock_timeout in your transaction
 	// for that). Must be a whole number of milliseconds. Defaults to 0: wait
 	// as long as the context allows.
 	LockTimeout time.Duration
@@ -143,7 +141,7 @@ type Config struct {
 	// Ledger refuses it (ErrInvalidConfig), and so does a call with a
 	// request ID (WithRequestID) or Settle. A coalesced batch never mixes
 	// the two modes; AllowAll commits asynchronously only if every charged
-	// limiter does; in the caller's transaction (AllowNTx) the caller's
+	// limiter does; in the caller's transaction (In) the caller's
 	// setting stands. Defaults to false: synchronous, the only mode for
 	// money.
 	AsyncCommit bool
@@ -290,8 +288,8 @@ type Result struct {
 // under any concurrency, across any number of processes sharing the database.
 // The time is the database's (see Config.Clock).
 //
-// Use Allow or AllowN to check and spend, AllowNTx (or AllowNSQLTx) to spend
-// inside your own transaction, AllowAll to charge several limits at once,
+// Use Allow or AllowN to check and spend, In to do anything inside your own
+// transaction, AllowAll to charge several limits at once,
 // Peek to look without spending, Refund to give tokens back and Reset to
 // refill a bucket. A Limiter is safe for concurrent use.
 type Limiter struct {

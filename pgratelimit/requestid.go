@@ -57,7 +57,7 @@ type requestIDKey struct{}
 // outcome and changes nothing, whichever process sends it, also when both
 // run at once; one that asks for something else (another cost, another
 // operation) is ErrRequestMismatch. A denied check records nothing, so its
-// retry is decided afresh; in the caller's transaction (AllowNTx) the ID is
+// retry is decided afresh; in the caller's transaction (In) the ID is
 // used only if that transaction commits. AllowAll with such a context
 // records the ID for each of its buckets: one ID names one call, with the
 // same charges. Settle names the charge it settles by its ID; Reset ignores
