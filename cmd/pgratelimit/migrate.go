@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -105,7 +106,8 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	return exitOK
 }
 
-// distribute distributes the tables by key on Citus.
+// distribute distributes the tables by key on Citus, and says which stay
+// on the coordinator.
 func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 	if err := migrations.Distribute(ctx, db); err != nil {
 		if errors.Is(err, migrations.ErrNoCitus) {
@@ -113,7 +115,8 @@ func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 		}
 		return f.fail(err)
 	}
-	fmt.Fprintf(f.c.stdout, "distributed by key: %s, %s\n", tables.Buckets, tables.EphemeralBuckets)
+	fmt.Fprintf(f.c.stdout, "distributed by key: %s\n", strings.Join(tables.Distributed, ", "))
+	fmt.Fprintf(f.c.stdout, "on the coordinator: %s (usage alerts: consumers claim events across keys)\n", strings.Join(tables.Coordinator, ", "))
 	return exitOK
 }
 

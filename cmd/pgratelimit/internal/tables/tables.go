@@ -1,9 +1,10 @@
 // Package tables names the tables that package migrations creates, for the
 // few statements of the pgratelimit command's own: the bench's scratch
-// prefill, the demo's revoking of its grants, and what migrate distribute
-// reports. The library no longer exports their names (its constants are
-// deprecated); the schema is part of what the project keeps stable (see
-// CHANGELOG.md), so they stay these.
+// prefill and its count of events, the demo's revoking of its grants and
+// clearing of its alerts, and what migrate distribute reports. The library
+// no longer exports their names (its constants are deprecated); the schema
+// is part of what the project keeps stable (see CHANGELOG.md), so they stay
+// these.
 package tables
 
 const (
@@ -14,4 +15,24 @@ const (
 	EphemeralBuckets = "pgratelimit_ephemeral_buckets"
 	// Grants holds the keys' grants (Config.Grants).
 	Grants = "pgratelimit_grants"
+	// Requests remembers request IDs (WithRequestID), and Ledger holds the
+	// ledger's entries (Config.Ledger).
+	Requests = "pgratelimit_requests"
+	Ledger   = "pgratelimit_ledger"
+	// Leases and EphemeralLeases hold the Semaphores' leases, one table per
+	// storage.
+	Leases          = "pgratelimit_leases"
+	EphemeralLeases = "pgratelimit_ephemeral_leases"
+	// AlertState remembers the alert lines that have fired per key and
+	// period, and Events is the outbox of usage alerts (Config.Alerts).
+	AlertState = "pgratelimit_alert_state"
+	Events     = "pgratelimit_events"
 )
+
+// Distributed are the tables that migrate distribute (migrations.
+// Distribute) distributes by key on Citus, in its order.
+var Distributed = []string{Buckets, EphemeralBuckets, Grants, Requests, Ledger, Leases, EphemeralLeases}
+
+// Coordinator are the tables that stay on the Citus coordinator, not
+// distributed: consumers claim events across keys.
+var Coordinator = []string{AlertState, Events}
