@@ -512,20 +512,9 @@ func runLedger(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "ledger").withPolicy()
 	since := f.String("since", "", "only entries at or after T: an RFC 3339 time, a date, or a duration before now such as 24h (default: all)")
 	var from time.Time
-	check := func([]string) error {
-		if *since == "" {
-			return nil
-		}
-		if d, err := time.ParseDuration(*since); err == nil && d > 0 {
-			from = time.Now().Add(-d)
-			return nil
-		}
-		t, err := parseExpiry(*since, time.Now())
-		if err != nil {
-			return usagef("--since must be an RFC 3339 time, a date or a duration, got %q", *since)
-		}
-		from = t
-		return nil
+	check := func([]string) (err error) {
+		from, err = parseSince(*since, time.Now())
+		return err
 	}
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		es, err := l.Ledger(ctx, pos[0], from)

@@ -1,6 +1,7 @@
 // Command pgratelimit operates pgratelimit's buckets: apply the migrations,
-// check, peek at, refund and reset keys, clean up expired rows, start a
-// throwaway PostgreSQL to try them on, run a demo and a load benchmark.
+// check, peek at, refund and reset keys, list and follow usage alerts, clean
+// up expired rows, start a throwaway PostgreSQL to try them on, run a demo
+// and a load benchmark.
 //
 // Run "pgratelimit help" for the commands, and "pgratelimit COMMAND --help"
 // for each one's flags. Exit status: 0 allowed or done, 1 denied, 2 bad usage
@@ -40,9 +41,9 @@ type cli struct {
 // command is one of the CLI's commands: its name, its arguments and summary
 // for the usage, and the function that runs it, which returns the exit
 // status. The command's own code lives beside main.go: keys.go (allow, peek,
-// refund, reset, grant, balance, settle, ledger), migrate.go (migrate,
-// cleanup), throwaway.go (db), demo.go and bench.go (wiring for packages
-// demo, bench and peers).
+// refund, reset, grant, balance, settle, ledger), events.go (events),
+// migrate.go (migrate, cleanup), throwaway.go (db), demo.go and bench.go
+// (wiring for packages demo, bench and peers).
 type command struct {
 	name, args, summary string
 	run                 func(ctx context.Context, c *cli, args []string) int
@@ -66,6 +67,8 @@ func commands() []command {
 		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, "", ""},
 		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, debits, refunds, grants, settlements, resets, grant expiries and plan changes", runLedger, 10 * time.Second, "", ""},
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, "", ""},
+		{"events", "[--key K] [--follow]", "list the usage alerts (Config.Alerts), newest last; --follow waits for more until Ctrl-C", runEvents, 10 * time.Second,
+			"give up on each read of the events (each poll, with --follow) after D; 0: never", eventsMore},
 		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never", ""},
 		{"db", "[--port N]", "start a throwaway PostgreSQL, migrated; print its DATABASE_URL and keep it until Ctrl-C", runDB, 2 * time.Minute,
@@ -96,7 +99,7 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w, "\nThe database comes from --database-url or $DATABASE_URL. Every command gives up")
 	fmt.Fprintf(w, "connecting after --connect-timeout (default %s) and its database work after\n", defaultConnectTimeout)
-	fmt.Fprintln(w, "--timeout (default 10s for allow, peek, refund, reset, grant and balance; 0: never).")
+	fmt.Fprintln(w, "--timeout (default 10s for the commands on keys and for events; 0: never).")
 	fmt.Fprintln(w, "Run 'pgratelimit COMMAND --help' for its flags.")
 	fmt.Fprintln(w, "Exit status: 0 allowed or done, 1 denied, 2 bad usage or error.")
 }
