@@ -142,6 +142,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"cleanup", "now"}, `unexpected argument "now"`},
 		{[]string{"migrate", "sideways"}, `unknown action "sideways": want up, down, status or distribute`},
 		{[]string{"bench", "--mode", "turbo"}, "--mode must be"},
+		{[]string{"bench", "--alerts", "--storage", "ephemeral"}, "--alerts needs --storage durable"},
 		{[]string{"events", "--limit", "0"}, "--limit must be between 1 and 10000, got 0"},
 		{[]string{"events", "--since", "soon"}, `--since must be an RFC 3339 time, a date or a duration, got "soon"`},
 		{[]string{"events", "k"}, `unexpected argument "k": events takes only flags`},

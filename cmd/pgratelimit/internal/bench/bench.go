@@ -44,7 +44,14 @@ type Options struct {
 	NoRouting     bool          // --no-routing: ClientConfig.DisableRouting
 	Prefill       int           // --prefill: live rows put in the table first
 	Commit        string        // --commit: sync, or async (Config.AsyncCommit)
+	Alerts        bool          // --alerts: Config.Alerts (BenchAlerts)
 }
+
+// BenchAlerts are the usage alerts of a run with --alerts: lines at 80%,
+// 90% and 100% of the capacity used, at a balance of 100, and the denial of
+// a spent key. With the default capacity no check crosses one: the run
+// prices alerts where nothing fires, as most checks of a service would.
+var BenchAlerts = pgratelimit.Alerts{UsedFractions: []float64{0.8, 0.9, 1}, BalanceAtOrBelow: []int64{100}, Exhausted: true}
 
 // AddFlags defines the options' flags, with their defaults, on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
@@ -69,6 +76,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.RequestIDs, "request-ids", false, "give every check a request ID of its own (WithRequestID)")
 	fs.BoolVar(&o.NoRouting, "no-routing", false, "on Citus, send every check through the coordinator (ClientConfig.DisableRouting)")
 	fs.StringVar(&o.Commit, "commit", "sync", "sync, or async: Config.AsyncCommit, commits that do not wait for the WAL flush (not with --grants, --ledger or --request-ids)")
+	fs.BoolVar(&o.Alerts, "alerts", false, "Config.Alerts: usage alerts at 80%, 90% and 100% used, at a balance of 100, and when exhausted (durable storage; the report counts the events written)")
 	fs.IntVar(&o.Prefill, "prefill", 0, "fill the table with N live rows of the run's prefix before the run (full buckets, as checks left them: the run's --keys are the first of them); at least --keys")
 }
 
@@ -99,6 +107,8 @@ func (o Options) Config() (pgratelimit.Config, error) {
 		return cfg, clierr.Usagef("--grants and --deny-cache must be at least 0")
 	case o.Prefill != 0 && o.Prefill < o.Keys:
 		return cfg, clierr.Usagef("--prefill must be 0 or at least --keys (%d), got %d", o.Keys, o.Prefill)
+	case o.Alerts && cfg.Storage != pgratelimit.Durable:
+		return cfg, clierr.Usagef("--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch")
 	}
 	if o.Commit == "async" {
 		// The library refuses AsyncCommit with money: credits, their ledger
@@ -125,6 +135,9 @@ func (o Options) Config() (pgratelimit.Config, error) {
 	cfg.DenyCacheSize = o.DenyCache
 	cfg.Ledger = o.Ledger
 	cfg.AsyncCommit = o.Commit == "async"
+	if o.Alerts {
+		cfg.Alerts = BenchAlerts
+	}
 	return cfg, nil
 }
 
@@ -137,7 +150,7 @@ func (o Options) conns() int {
 }
 
 // contender names the run in its report: ours-MODE-STORAGE and what else
-// it does (-async: --commit async).
+// it does (-alerts: --alerts; -async: --commit async).
 func (o Options) contender() string {
 	name := "ours-" + o.Mode + "-" + o.Storage
 	if o.Limits == 2 {
@@ -154,6 +167,9 @@ func (o Options) contender() string {
 	}
 	if o.RequestIDs {
 		name += "-requestids"
+	}
+	if o.Alerts {
+		name += "-alerts"
 	}
 	if o.Commit == "async" {
 		name += "-async"

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -51,6 +52,13 @@ func TestConfig(t *testing.T) {
 	require.NoError(t, err, "asynchronous commit on unlogged tables too (bench peers' unlogged scenario)")
 	require.True(t, cfg.AsyncCommit)
 
+	o = defaults(t)
+	o.Alerts = true
+	cfg, err = o.Config()
+	require.NoError(t, err)
+	require.Equal(t, BenchAlerts, cfg.Alerts)
+	require.Equal(t, "ours-coalesce-durable-alerts", o.contender())
+
 	for _, tc := range []struct {
 		change func(*Options)
 		want   string
@@ -63,6 +71,7 @@ func TestConfig(t *testing.T) {
 		{func(o *Options) { o.Prefill = 5 }, "--prefill must be 0 or at least --keys (10000), got 5"},
 		{func(o *Options) { o.Commit = "lazy" }, `--commit must be sync or async, got "lazy"`},
 		{func(o *Options) { o.Commit, o.Grants = "async", 5 }, "--commit async does not go with --grants: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop --grants, or use --commit sync)"},
+		{func(o *Options) { o.Alerts, o.Storage = true, "ephemeral" }, "--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch"},
 		{func(o *Options) { o.Commit, o.Ledger, o.RequestIDs = "async", true, true }, "--commit async does not go with --ledger, --request-ids: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop --ledger, --request-ids, or use --commit sync)"},
 	} {
 		bad := defaults(t)
@@ -132,4 +141,35 @@ func TestRunAsync(t *testing.T) {
 	line, err := json.Marshal(rep)
 	require.NoError(t, err)
 	require.Contains(t, string(line), `"commit":"async"`)
+}
+
+// --alerts: a short run whose small buckets cross the lines, with two
+// limits (both with alerts) checked one by one; the report says so and
+// counts the events.
+// (Not in parallel with TestRun, which counts the scratch schemas left.)
+func TestRunAlerts(t *testing.T) {
+	s := testdb.NewEmptySchema(t)
+	o := defaults(t)
+	o.Concurrency, o.Keys, o.Duration, o.Capacity, o.Refill, o.Interval = 4, 10, 300*time.Millisecond, 3, 1, time.Hour
+	o.Limits, o.Alerts, o.Mode = 2, true, "per-check"
+	pcfg, err := pgxpool.ParseConfig(s.URL(t))
+	require.NoError(t, err)
+	rep, err := Run(context.Background(), o, Env{Pool: pcfg, Progress: io.Discard})
+	require.NoError(t, err)
+	require.True(t, rep.OK(), rep.Audit)
+	require.Zero(t, rep.Errors)
+	require.Positive(t, rep.Denied)
+	require.Equal(t, "ours-per-check-durable-2limits-alerts", rep.Contender)
+	require.True(t, rep.Alerts)
+	// At most 4 events per key and limit: a bucket of 3 spent crosses
+	// 0.8, 0.9 and 1 used, and a denial is exhausted (a balance of 3 is
+	// never above 100 to fall past it).
+	require.Positive(t, rep.Events)
+	require.LessOrEqual(t, rep.Events, int64(10*4*2))
+	line, err := json.Marshal(rep)
+	require.NoError(t, err)
+	require.Contains(t, string(line), `"alerts":true`)
+	var text bytes.Buffer
+	rep.WriteText(&text, o.Duration, o.Cost)
+	require.Contains(t, text.String(), fmt.Sprintf("  alerts: %d events written\n", rep.Events))
 }

@@ -27,6 +27,10 @@ type Report struct {
 	Limits       int     `json:"limits"`
 	Commit       string  `json:"commit"` // sync, or async (Config.AsyncCommit)
 	Distributed  bool    `json:"distributed"`
+	// Alerts says the run's limiters had usage alerts (--alerts), and
+	// Events counts the events they wrote.
+	Alerts bool  `json:"alerts"`
+	Events int64 `json:"events"`
 	// With --prefill: the rows put in the table before the run, and the
 	// table's and its indexes' size after.
 	PrefillRows int64 `json:"prefill_rows,omitempty"`
@@ -52,8 +56,8 @@ type NodeCPU struct {
 func (r Report) OK() bool { return r.Audit == "ok" }
 
 // WriteText writes the report for people: throughput, latency, outcomes,
-// CPU per check, the audit, HOT updates and, after a prefill, the table's
-// size. duration and cost are the run's, as asked.
+// CPU per check, the events written with --alerts, the audit, HOT updates
+// and, after a prefill, the table's size. duration and cost are the run's, as asked.
 func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
 	fmt.Fprintf(w, "%s: %d in flight, %d keys, %s, cost %d\n", r.Contender, r.Conc, r.Keys, duration, cost)
 	fmt.Fprintf(w, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", r.ChecksPerSec, r.P50ms, r.P99ms, r.MaxMs)
@@ -74,9 +78,19 @@ func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
 		}
 		fmt.Fprintf(w, "  server CPU per check by node (µs): %s\n", strings.Join(parts, ", "))
 	}
+	if r.Alerts {
+		fmt.Fprintf(w, "  alerts: %s written\n", plural(r.Events, "event", "events"))
+	}
 	fmt.Fprintf(w, "  audit: %s\n", r.Audit)
 	fmt.Fprintf(w, "  HOT updates: %.1f%% of %d\n", 100*r.HotRatio, r.Updates)
 	if r.PrefillRows > 0 {
 		fmt.Fprintf(w, "  prefilled %d rows: table %d MB, indexes %d MB\n", r.PrefillRows, r.TableBytes>>20, r.IndexBytes>>20)
 	}
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

@@ -172,7 +172,7 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 		ChecksPerSec: math.Round(float64(len(all)) / ld.elapsed.Seconds()),
 		P50ms:        pct(0.50), P99ms: pct(0.99), MaxMs: pct(1),
 		Allowed: ld.allowed.Load(), Denied: ld.denied.Load(), Errors: ld.errs.Load(), Audit: "ok",
-		Limits: o.Limits, Commit: o.Commit, Distributed: distributed, PrefillRows: int64(o.Prefill),
+		Limits: o.Limits, Commit: o.Commit, Distributed: distributed, Alerts: o.Alerts, PrefillRows: int64(o.Prefill),
 	}
 	n := float64(len(all))
 	if n == 0 {

@@ -139,14 +139,21 @@ func interval(d time.Duration) string {
 	return fmt.Sprintf("%d seconds %d microseconds", d/time.Second, (d % time.Second).Microseconds())
 }
 
-// tableStats puts in rep the HOT-update ratio of the run's table and, when
-// sizes is set, the table's and its indexes' size.
+// tableStats puts in rep the HOT-update ratio of the run's table, the
+// events written with --alerts and, when sizes is set, the table's and its
+// indexes' size.
 func (s *scratch) tableStats(ctx context.Context, rep *Report, sizes bool) error {
 	time.Sleep(700 * time.Millisecond) // statistics of exited backends arrive shortly
 	var upd, hot int64
 	if err := s.admin.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2`,
 		s.name, s.table).Scan(&upd, &hot); err == nil && upd > 0 {
 		rep.Updates, rep.HotRatio = upd, math.Round(1000*float64(hot)/float64(upd))/1000
+	}
+	if rep.Alerts {
+		events := pgx.Identifier{s.name, tables.Events}.Sanitize()
+		if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+events).Scan(&rep.Events); err != nil {
+			return fmt.Errorf("counting the events: %w", err)
+		}
 	}
 	if !sizes {
 		return nil
