@@ -101,12 +101,16 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 
 // filterText says what filter selects, for "no events ...".
 func filterText(filter pgratelimit.EventFilter) string {
-	var s string
+	var of []string
 	if filter.Prefix != "" {
-		s += " of prefix " + strconv.Quote(filter.Prefix)
+		of = append(of, "prefix "+strconv.Quote(filter.Prefix))
 	}
 	if filter.Key != "" {
-		s += " of key " + strconv.Quote(filter.Key)
+		of = append(of, "key "+strconv.Quote(filter.Key))
+	}
+	var s string
+	if len(of) > 0 {
+		s = " for " + strings.Join(of, ", ")
 	}
 	if !filter.Since.IsZero() {
 		s += " since " + filter.Since.UTC().Format(time.RFC3339)

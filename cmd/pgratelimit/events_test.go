@@ -100,7 +100,7 @@ func TestEvents(t *testing.T) {
 	require.Regexp(t, `^\d+  \S+  alerts "k2"  used 80%  balance 1 \(1/10\)  `+period+`  delivered \d{4}-\S+Z\n\d+  .* below 5 .*delivered`, out)
 	code, out, _ = pgrl(url, "events", "--since", "1h", "--prefix", "other")
 	require.Equal(t, 0, code)
-	require.Regexp(t, `^no events of prefix "other" since \S+ \(limiters with Config.Alerts write them\)\n$`, out)
+	require.Regexp(t, `^no events for prefix "other" since \S+ \(limiters with Config.Alerts write them\)\n$`, out)
 	code, out, _ = pgrl(url, "events", "--since", "2999-01-01")
 	require.Equal(t, 0, code)
 	require.Equal(t, "no events since 2999-01-01T00:00:00Z (limiters with Config.Alerts write them)\n", out)
