@@ -477,6 +477,12 @@ func TestDemoInterrupt(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Contains(t, stdout, `"ip:127.0.0.1": 100 of 100 tokens in the bucket`)
 	require.NotContains(t, strings.Join(lines, "\n"), "export DATABASE_URL")
+	// And the one on their alerts, without --follow.
+	m = regexp.MustCompile(`(?m)^ +pgratelimit (events .+?) --follow  \(their usage alerts\)$`).FindStringSubmatch(strings.Join(lines, "\n"))
+	require.NotNil(t, m, "%q", lines)
+	code, stdout, stderr = pgrl(url, strings.Fields(m[1])...)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "no events for prefix \"demo-credits\", key \"ip:127.0.0.1\" (limiters with Config.Alerts write them)\n", stdout)
 
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	for out.Scan() {

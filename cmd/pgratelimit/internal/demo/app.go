@@ -54,7 +54,7 @@ type policy struct {
 // middleware, the bucket's live state and the scenarios.
 type app struct {
 	pool    *pgxpool.Pool
-	credits *pgratelimit.Limiter // the credits scenario's: a monthly quota and grants
+	credits atomic.Pointer[pgratelimit.Limiter] // the credits scenario's: a monthly quota, grants and alerts
 	counts  checkCounter
 	mp      *sdkmetric.MeterProvider
 	log     *slog.Logger
@@ -130,14 +130,22 @@ func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration) (*app, 
 		key:     httplimit.KeyByIP(httplimit.IPKeyConfig{}),
 		done:    make(chan struct{}),
 	}
-	cfg := creditsPolicy()
-	cfg.MeterProvider = a.mp
-	credits, err := pgratelimit.New(pool, cfg)
-	if err != nil {
+	if err := a.newCredits(); err != nil {
 		return nil, err
 	}
-	a.credits = credits
 	return a, nil
+}
+
+// newCredits makes the credits scenario's limiter anew.
+func (a *app) newCredits() error {
+	cfg := creditsPolicy()
+	cfg.MeterProvider = a.mp
+	l, err := pgratelimit.New(a.pool, cfg)
+	if err != nil {
+		return err
+	}
+	a.credits.Store(l)
+	return nil
 }
 
 // apply makes cfg the page's policy: a new limiter, and a fresh (full)

@@ -17,11 +17,12 @@ import (
 )
 
 // creditsPolicy is the credits scenario's limiter: 100 credits a month, the
-// quota renewed whole (Refill == Capacity) on the 1st at midnight UTC, and
-// grants spent after it.
+// quota renewed whole (Refill == Capacity) on the 1st at midnight UTC,
+// grants spent after it, and usage alerts (creditsAlerts).
 func creditsPolicy() pgratelimit.Config {
 	return pgratelimit.Config{Prefix: creditsPrefix, Capacity: 100, Refill: 100,
-		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Storage: pgratelimit.Durable, Grants: true}
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Storage: pgratelimit.Durable, Grants: true,
+		Alerts: creditsAlerts}
 }
 
 // creditsPeriod says when the credits quota renews, for the page.
@@ -32,8 +33,8 @@ type creditGrantJSON struct {
 	ExpiresAt string `json:"expires_at,omitempty"` // RFC 3339; empty: never
 }
 
-// creditsJSON is the credits scenario's state: the quota (the bucket) and
-// the granted balance beside it.
+// creditsJSON is the credits scenario's state: the quota (the bucket), the
+// granted balance beside it, and the latest usage alerts.
 type creditsJSON struct {
 	Prefix   string `json:"prefix"`
 	Period   string `json:"period"`
@@ -44,20 +45,27 @@ type creditsJSON struct {
 	RenewsInMS int64             `json:"renews_in_ms"`
 	Granted    int64             `json:"granted"`
 	Grants     []creditGrantJSON `json:"grants"` // live, soonest-expiring first
+	Alerts     []alertJSON       `json:"alerts"` // the latest, newest last
 }
 
-// creditsState peeks at key's quota and grants, taking nothing.
+// creditsState peeks at key's quota and grants, taking nothing, and reads
+// its latest alerts.
 func (a *app) creditsState(ctx context.Context, key string) (creditsJSON, error) {
-	r, err := a.credits.Peek(ctx, key)
+	l := a.credits.Load()
+	r, err := l.Peek(ctx, key)
 	if err != nil {
 		return creditsJSON{}, err
 	}
-	gs, err := a.credits.Grants(ctx, key)
+	gs, err := l.Grants(ctx, key)
+	if err != nil {
+		return creditsJSON{}, err
+	}
+	alerts, err := a.creditsAlertsOf(ctx, key)
 	if err != nil {
 		return creditsJSON{}, err
 	}
 	c := creditsJSON{Prefix: creditsPrefix, Period: creditsPeriod, Quota: r.Remaining, Capacity: r.Limit,
-		Granted: r.Granted, Grants: make([]creditGrantJSON, len(gs))}
+		Granted: r.Granted, Grants: make([]creditGrantJSON, len(gs)), Alerts: alerts}
 	if r.Remaining < r.Limit {
 		c.RenewsInMS = max(r.ResetAfter.Milliseconds(), 1)
 	}
@@ -70,18 +78,23 @@ func (a *app) creditsState(ctx context.Context, key string) (creditsJSON, error)
 	return c, nil
 }
 
-// resetCredits gives key a full quota and no grants. The library has no
-// call that revokes grants (they are credits someone paid for or was
-// given), so the demo deletes its own rows of the grants table.
+// resetCredits gives key a full quota, no grants and no alerts, so that the
+// card can be played again. The library has no call that revokes grants
+// (they are credits someone paid for or was given) and keeps a key's alert
+// state and events (Reset does not re-arm a line: it fires once per
+// period), so the demo deletes its own rows of those tables; and since a
+// limiter remembers the lines it saw fire, it makes a new one.
 func (a *app) resetCredits(ctx context.Context, key string) error {
-	if err := a.credits.Reset(ctx, key); err != nil {
+	if err := a.credits.Load().Reset(ctx, key); err != nil {
 		return err
 	}
-	del := `DELETE FROM ` + pgx.Identifier{tables.Grants}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
-	if _, err := a.pool.Exec(ctx, del, creditsPrefix, key); err != nil {
-		return fmt.Errorf("delete the grants of %q: %w", key, err)
+	for _, table := range []string{tables.Grants, tables.AlertState, tables.Events} {
+		del := `DELETE FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
+		if _, err := a.pool.Exec(ctx, del, creditsPrefix, key); err != nil {
+			return fmt.Errorf("delete the rows of %q in %s: %w", key, table, err)
+		}
 	}
-	return nil
+	return a.newCredits()
 }
 
 // chargeJSON is the answer to a charge: where its credits came from and
@@ -119,13 +132,14 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 	// paid: the check takes from the quota first, so the rest came from
 	// them. (Read apart from the check: exact while nobody else grants or
 	// charges this key meanwhile, as on the demo's page.)
-	before, err := a.credits.Peek(ctx, key)
+	l := a.credits.Load()
+	before, err := l.Peek(ctx, key)
 	if err != nil {
 		fail(err)
 		return
 	}
-	ls := []*pgratelimit.Limiter{a.credits}
-	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: a.credits, Key: key, Cost: cost})
+	ls := []*pgratelimit.Limiter{l}
+	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost})
 	if err != nil {
 		fail(err)
 		return
@@ -184,7 +198,7 @@ func (a *app) serveGrant(w http.ResponseWriter, r *http.Request) {
 		}
 		expiresAt = time.Now().Add(d)
 	}
-	if _, err := a.credits.Grant(ctx, key, amount, expiresAt); err != nil {
+	if _, err := a.credits.Load().Grant(ctx, key, amount, expiresAt); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 		return
 	}

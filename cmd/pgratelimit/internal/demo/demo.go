@@ -9,7 +9,8 @@
 // from a stream of its state, applies new policies and runs the scenarios:
 // a burst, steady traffic at 90% of the rate, two limits in one AllowAll,
 // credits charged in a transaction that rolls back, and credits from a
-// monthly quota and grants.
+// monthly quota and grants, with usage alerts that a Consumer in the demo
+// delivers.
 package demo
 
 import (
@@ -99,6 +100,11 @@ func run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer ln.Close()
+	stopConsumer, err := a.startConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopConsumer()
 	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
 	srv.RegisterOnShutdown(a.shutdown)
 	served := make(chan error, 1)
@@ -200,6 +206,7 @@ func (o Options) walkthrough(ctx context.Context, pool *pgxpool.Pool, page, key 
 		page, cp.Capacity)
 	fmt.Fprintf(o.Stdout, "The CLI:          pgratelimit balance %s --prefix %s --capacity %d --refill %d --every month  (the credits above)\n",
 		key, cp.Prefix, cp.Capacity, cp.Refill)
+	fmt.Fprintf(o.Stdout, "                  pgratelimit events --prefix %s --key %s --follow  (their usage alerts)\n", cp.Prefix, key)
 	if o.throwaway != "" {
 		fmt.Fprintf(o.Stdout, "                  in a shell with: export DATABASE_URL=%s\n", o.throwaway)
 	}

@@ -108,6 +108,23 @@ function showCredits(c) {
   });
   if (!items.length) items.push(Object.assign(document.createElement("li"), { textContent: "no grants" }));
   $("credits-grants").replaceChildren(...items);
+  showAlerts(c.alerts || []);
+}
+
+// showAlerts lists the credits key's latest usage alerts, newest last, each
+// pending until the demo's consumer delivers it.
+function showAlerts(alerts) {
+  const items = alerts.map((a) => {
+    const li = document.createElement("li");
+    li.dataset.testid = "credits-alert";
+    const state = a.delivered ? "delivered" : a.attempts ? `pending (${a.attempts} attempts)` : "pending";
+    li.append(span("n", `#${a.id}`), " ", span("text", a.text), " ",
+      span("at", `balance ${a.balance} · ${new Date(a.at).toLocaleTimeString()}`), " ",
+      span(`state ${a.delivered ? "delivered" : "pending"}`, state));
+    return li;
+  });
+  if (!items.length) items.push(Object.assign(document.createElement("li"), { className: "none", textContent: "no alerts yet" }));
+  $("credits-alerts").replaceChildren(...items);
 }
 
 // ---- the chart: tokens over the last 30 s, with the refill grid -----------
