@@ -23,7 +23,7 @@ func (f *flags) withTimeout(ctx context.Context) (context.Context, context.Cance
 	if f.timeout <= 0 {
 		return ctx, func() {}
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout, errTimedOut)
+	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout+f.grace, errTimedOut)
 	f.dbctx = ctx
 	return ctx, cancel
 }

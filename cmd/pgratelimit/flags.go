@@ -39,6 +39,9 @@ type flags struct {
 	timeout        time.Duration
 	connectTimeout time.Duration
 	connectFrom    string
+	// grace lengthens the bound of the command's context past --timeout:
+	// acquire --wait waits up to --timeout, then tries once more.
+	grace time.Duration
 	// target names the database server, for messages; connected is set
 	// once a connection to it is made.
 	target    string
@@ -204,11 +207,11 @@ func valueKind(fl *pflag.Flag) string {
 // are too many.
 func (f *flags) argCountError(pos []string, minArgs, maxArgs int) error {
 	// The positional arguments' names, as in "KEY N": not flags, nor the
-	// values of flags ("[--cost N]").
+	// values of flags ("[--cost N]", "--ttl D").
 	var names []string
 	words := strings.Fields(f.cmd.args)
 	for i, w := range words {
-		if !strings.HasPrefix(w, "-") && !strings.HasPrefix(w, "[") && (i == 0 || !strings.HasPrefix(words[i-1], "[-")) {
+		if !strings.HasPrefix(w, "-") && !strings.HasPrefix(w, "[") && (i == 0 || !strings.HasPrefix(strings.TrimPrefix(words[i-1], "["), "-")) {
 			names = append(names, w)
 		}
 	}

@@ -1,7 +1,8 @@
-// Command pgratelimit operates pgratelimit's buckets: apply the migrations,
-// check, peek at, refund and reset keys, list and follow usage alerts, clean
-// up expired rows, start a throwaway PostgreSQL to try them on, run a demo
-// and a load benchmark.
+// Command pgratelimit operates pgratelimit's buckets and leases: apply the
+// migrations, check, peek at, refund and reset keys, take, extend, release
+// and list concurrency leases, list and follow usage alerts, clean up
+// expired rows, start a throwaway PostgreSQL to try them on, run a demo and
+// a load benchmark.
 //
 // Run "pgratelimit help" for the commands, and "pgratelimit COMMAND --help"
 // for each one's flags. Exit status: 0 allowed or done, 1 denied, 2 bad usage
@@ -41,7 +42,8 @@ type cli struct {
 // command is one of the CLI's commands: its name, its arguments and summary
 // for the usage, and the function that runs it, which returns the exit
 // status. The command's own code lives beside main.go: keys.go (allow, peek,
-// refund, reset, grant, balance, settle, ledger), events.go (events),
+// refund, reset, grant, balance, settle, ledger), leases.go (acquire,
+// release, extend, leases), events.go (events),
 // migrate.go (migrate, cleanup), throwaway.go (db), demo.go and bench.go
 // (wiring for packages demo, bench and peers).
 type command struct {
@@ -67,9 +69,14 @@ func commands() []command {
 		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, "", ""},
 		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, debits, refunds, grants, settlements, resets, grant expiries and plan changes", runLedger, 10 * time.Second, "", ""},
 		{"reset", "KEY", "make KEY's bucket full again", runReset, 10 * time.Second, "", ""},
+		{"acquire", "KEY --max N --ttl D", "take a lease of KEY's units and print it, its ID first (exit 1 when none is free; --wait: wait for one)", runAcquire, 10 * time.Second,
+			"give up on the command's database work, and with --wait on waiting for free units, after D; 0: never", leasesMore},
+		{"release", "KEY LEASE-ID", "give a lease's units back (one not held is done; exit 1 when it had expired)", runRelease, 10 * time.Second, "", leasesMore},
+		{"extend", "KEY LEASE-ID --ttl D", "renew a lease for D from now: a long holder's heartbeat (exit 1 when it expired or is not held)", runExtend, 10 * time.Second, "", leasesMore},
+		{"leases", "KEY [--max N]", "list KEY's live leases, oldest first", runLeases, 10 * time.Second, "", ""},
 		{"events", "[--key K] [--follow]", "list the usage alerts (Config.Alerts), newest last; --follow waits for more until Ctrl-C", runEvents, 10 * time.Second,
 			"give up on each read of the events (each poll, with --follow) after D; 0: never", eventsMore},
-		{"cleanup", "[--every D]", "delete expired rows, once or every D", runCleanup, 5 * time.Minute,
+		{"cleanup", "[--every D]", "delete dead rows (full buckets, spent grants, expired leases, old request IDs...), once or every D", runCleanup, 5 * time.Minute,
 			"give up on a cleanup run (each run, with --every) after D; 0: never", ""},
 		{"db", "[--port N]", "start a throwaway PostgreSQL, migrated; print its DATABASE_URL and keep it until Ctrl-C", runDB, 2 * time.Minute,
 			"give up on starting the server and applying the migrations after D; 0: never", dbMore},

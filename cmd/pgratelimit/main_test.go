@@ -146,6 +146,30 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"events", "--limit", "0"}, "--limit must be between 1 and 10000, got 0"},
 		{[]string{"events", "--since", "soon"}, `--since must be an RFC 3339 time, a date or a duration, got "soon"`},
 		{[]string{"events", "k"}, `unexpected argument "k": events takes only flags`},
+		{[]string{"settle"}, "pgratelimit settle: missing KEY\n"},
+		{[]string{"acquire", "k", "--ttl", "1s"}, "--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)"},
+		{[]string{"acquire", "k", "--max", "2"}, "--ttl is required: how long a lease counts unless extended, such as 30s"},
+		{[]string{"acquire", "k", "--max", "0", "--ttl", "1s"}, "--max must be at least 1, got 0"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "0s"}, "--ttl must be positive, got 0s"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1ns"}, "--ttl must be a whole number of microseconds, got 1ns"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "0"}, "--weight must be at least 1, got 0"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "3"}, "--weight 3 is more than --max 2: such a lease could never be acquired"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--request-id", strings.Repeat("x", 257)}, "--request-id is 257 bytes, more than the 256 an ID may have"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--storage", "floppy"}, `--storage must be durable or ephemeral, got "floppy"`},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--prefix", ""}, "--prefix must not be empty"},
+		{[]string{"acquire", "", "--max", "2", "--ttl", "1s"}, "invalid key: key must not be empty"},
+		{[]string{"acquire", "--max", "2", "--ttl", "1s"}, "pgratelimit acquire: missing KEY\n"},
+		{[]string{"release", "k"}, "pgratelimit release: missing LEASE-ID\n"},
+		{[]string{"release", "k", ""}, "LEASE-ID must not be empty"},
+		{[]string{"release", "k", "\xff"}, "LEASE-ID is not valid UTF-8"},
+		{[]string{"release", "", "x"}, "invalid key: key must not be empty"},
+		{[]string{"release", "k", "x", "--max", "0"}, "--max must be at least 1, got 0"},
+		{[]string{"extend"}, "pgratelimit extend: missing KEY and LEASE-ID\n"},
+		{[]string{"extend", "k", "x"}, "--ttl is required: how long the lease counts from now, such as 30s"},
+		{[]string{"extend", "k", "", "--ttl", "1s"}, "LEASE-ID must not be empty"},
+		{[]string{"leases", "k", "--max", "-1"}, "--max must be at least 1, got -1"},
+		{[]string{"leases", "k", "x"}, "too many arguments: leases takes 1 (KEY [--max N]), got 2"},
+		{[]string{"leases", ""}, "invalid key: key must not be empty"},
 	} {
 		// The URL points nowhere: none of these may reach a database.
 		code, _, stderr := pgrl("postgres://nobody@127.0.0.1:1/x?connect_timeout=1", tc.args...)
@@ -306,9 +330,25 @@ func TestMessages(t *testing.T) {
 		code, out, _ = pgrl(bare, "migrate", "up")
 		require.Equal(t, 0, code)
 		require.Contains(t, out, fmt.Sprintf("nothing to apply: all %d migrations are applied", len(files)))
-		code, out, _ = pgrl(bare, "migrate", "down")
-		require.Equal(t, 0, code)
-		require.True(t, strings.HasPrefix(out, "rolled back "+files[len(files)-1]+"\n"), out)
+		// Down, one step at a time, saying what each rollback throws away.
+		var said []string
+		for range files {
+			code, out, _ = pgrl(bare, "migrate", "down")
+			require.Equal(t, 0, code)
+			first, _, _ := strings.Cut(out, "\n")
+			said = append(said, first)
+		}
+		require.Equal(t, []string{
+			"rolled back 00008_alerts.sql: the usage alerts' state and events are dropped: events not delivered yet are lost, and lines that fired this period fire again",
+			"rolled back 00007_leases.sql: the leases tables are dropped: every lease is forgotten, so their units are free at once, and the fencing tokens start again from 1 after migrate up",
+			"rolled back 00006_account.sql: the ledger's grant expiries and plan changes and the request IDs of refunds and grants are deleted, the grants' part of every ledger entry " +
+				"and the first outcomes remembered for request IDs are dropped, and the buckets forget the capacity they were written with",
+			"rolled back 00005_drop_expires_at_index.sql",
+			"rolled back 00004_requests_and_ledger.sql: the ledger and the request IDs are dropped: every ledger entry is lost, and a charge retried with a request ID seen before would be charged again",
+			"rolled back 00003_create_grants.sql: the grants table is dropped: every grant, and the credits left in them, are lost",
+			"rolled back 00002_index_expires_at.sql",
+			"rolled back 00001_create_buckets.sql: the bucket tables and every bucket in them are dropped",
+		}, said)
 	})
 
 	t.Run("a negative refund is a number, not a flag", func(t *testing.T) {

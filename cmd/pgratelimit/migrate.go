@@ -138,17 +138,32 @@ func migrate(ctx context.Context, db *sql.DB, action string, before []migrationR
 	return nil
 }
 
-// sayChanges says which migrations up or down applied or rolled back.
+// lostOnRollback says, by version, what rolling a migration back throws
+// away (its Down section, migrations/*.sql); versions missing here lose
+// nothing but an index.
+var lostOnRollback = map[int64]string{
+	1: "the bucket tables and every bucket in them are dropped",
+	3: "the grants table is dropped: every grant, and the credits left in them, are lost",
+	4: "the ledger and the request IDs are dropped: every ledger entry is lost, and a charge retried with a request ID seen before would be charged again",
+	6: "the ledger's grant expiries and plan changes and the request IDs of refunds and grants are deleted, the grants' part of every ledger entry " +
+		"and the first outcomes remembered for request IDs are dropped, and the buckets forget the capacity they were written with",
+	7: "the leases tables are dropped: every lease is forgotten, so their units are free at once, and the fencing tokens start again from 1 after migrate up",
+	8: "the usage alerts' state and events are dropped: events not delivered yet are lost, and lines that fired this period fire again",
+}
+
+// sayChanges says which migrations up or down applied or rolled back, and
+// what a rollback threw away.
 func sayChanges(say io.Writer, action string, before, after []migrationRow) {
 	changed := 0
 	for i, r := range after {
 		if i < len(before) && before[i].Applied != r.Applied {
 			changed++
+			lost, ok := lostOnRollback[r.Version]
 			switch {
 			case r.Applied:
 				fmt.Fprintf(say, "applied %s\n", r.File)
-			case i == 0:
-				fmt.Fprintf(say, "rolled back %s: the bucket tables and every bucket in them are dropped\n", r.File)
+			case ok:
+				fmt.Fprintf(say, "rolled back %s: %s\n", r.File, lost)
 			default:
 				fmt.Fprintf(say, "rolled back %s\n", r.File)
 			}
@@ -160,7 +175,9 @@ func sayChanges(say io.Writer, action string, before, after []migrationRow) {
 }
 
 // runCleanup is `pgratelimit cleanup`: delete the expired rows once, or
-// every --every until interrupted.
+// every --every until interrupted. Its count is DeleteExpired's, over every
+// table (expired leases included): the library does not count them by
+// table.
 func runCleanup(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "cleanup")
 	every := f.Duration("every", 0, "run every D until interrupted (default: once)")

@@ -1,0 +1,486 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+)
+
+// leasesMore ends the help of the lease commands: the line acquire prints,
+// for scripts.
+const leasesMore = `acquire prints the lease ID first, so that a script can keep it:
+  out=$(pgratelimit acquire KEY --max 2 --ttl 30s) || exit  # 1: no free unit
+  id=${out%% *}
+  ... pgratelimit extend KEY "$id" --ttl 30s (every TTL/3 while working) ...
+  pgratelimit release KEY "$id"
+(an ID with spaces or quotes is printed quoted; --json gives it as "id").
+Exit status: 0 acquired, extended, released or not held; 1 no free units, or
+a lease that expired (or is not held, for extend); 2 bad usage or an error.
+`
+
+// leaseOpts are the Max, TTL and MaxWait a lease command's semaphore is
+// made with.
+type leaseOpts struct {
+	max     int64
+	ttl     time.Duration
+	maxWait time.Duration
+}
+
+// withLeasePolicy adds the flags of the lease commands' semaphore: its
+// namespace and its storage.
+func (f *flags) withLeasePolicy() *flags {
+	f.StringVar(&f.prefix, "prefix", "default", "the semaphore's key namespace (SemaphoreConfig.Prefix)")
+	f.StringVar(&f.storage, "storage", "durable", "durable or ephemeral: the leases table (SemaphoreConfig.Storage)")
+	return f
+}
+
+// semaphoreConfig is the SemaphoreConfig of the lease flags and o, checked
+// in their terms (the library would name SemaphoreConfig fields instead).
+func (f *flags) semaphoreConfig(o leaseOpts) (pgratelimit.SemaphoreConfig, error) {
+	cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
+	switch f.storage {
+	case "durable":
+		cfg.Storage = pgratelimit.Durable
+	case "ephemeral":
+		cfg.Storage = pgratelimit.Ephemeral
+	default:
+		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
+	}
+	if f.prefix == "" {
+		return cfg, usagef("--prefix must not be empty")
+	}
+	return cfg, nil
+}
+
+// withSemaphore runs a lease command: it parses nargs positional
+// arguments, runs check on them, which returns the semaphore's Max and
+// TTL, opens the semaphore and runs fn, which returns the exit status.
+func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, check func(pos []string) (leaseOpts, error),
+	fn func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error)) int {
+	pos, err := f.parse(args, nargs, nargs)
+	if err != nil {
+		return f.fail(err)
+	}
+	o, err := check(pos)
+	if err != nil {
+		return f.fail(err)
+	}
+	cfg, err := f.semaphoreConfig(o)
+	if err != nil {
+		return f.fail(err)
+	}
+	pool, err := f.pool(ctx)
+	if err != nil {
+		return f.fail(err)
+	}
+	defer pool.Close()
+	s, err := pgratelimit.NewSemaphore(pool, cfg)
+	if err != nil {
+		return f.fail(err)
+	}
+	ctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	code, err := fn(ctx, s, pos)
+	if err != nil {
+		return f.fail(err)
+	}
+	return code
+}
+
+// checkMax reads a --max that a command needs (required) or may take.
+func checkMax(f *flags, max int64, required bool) error {
+	switch {
+	case !f.Changed("max") && required:
+		return usagef("--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)")
+	case f.Changed("max") && max < 1:
+		return usagef("--max must be at least 1, got %d", max)
+	}
+	return nil
+}
+
+// checkTTL reads a required --ttl.
+func checkTTL(f *flags, ttl time.Duration, what string) error {
+	switch {
+	case !f.Changed("ttl"):
+		return usagef("--ttl is required: %s, such as 30s (SemaphoreConfig.TTL)", what)
+	case ttl <= 0:
+		return usagef("--ttl must be positive, got %s", ttl)
+	case ttl%time.Microsecond != 0:
+		return usagef("--ttl must be a whole number of microseconds, got %s", ttl)
+	}
+	return nil
+}
+
+// checkID checks a lease ID (or a request ID, which names its lease)
+// before any database access, as the library would after: not empty, at
+// most MaxRequestIDLen bytes, valid UTF-8 (argv holds no NUL).
+func checkID(what, id string) error {
+	switch {
+	case id == "":
+		return usagef("%s must not be empty", what)
+	case len(id) > pgratelimit.MaxRequestIDLen:
+		return usagef("%s is %d bytes, more than the %d an ID may have", what, len(id), pgratelimit.MaxRequestIDLen)
+	case !utf8.ValidString(id):
+		return usagef("%s is not valid UTF-8", what)
+	}
+	return nil
+}
+
+// shownID is a lease ID as the text output shows it: as it is, or quoted
+// when it holds spaces, quotes or other characters that would split or
+// garble a line (the IDs the library makes never do).
+func shownID(id string) string {
+	if id == "" || strings.ContainsFunc(id, func(r rune) bool { return unicode.IsSpace(r) || r == '"' || r == '\\' || !unicode.IsPrint(r) }) {
+		return strconv.Quote(id)
+	}
+	return id
+}
+
+// units says n units: "1 unit", "3 units".
+func units(n int64) string { return plural(n, "unit", "units") }
+
+// expiresIn is how long lease l still counts, by this machine's clock (0
+// once past).
+func expiresIn(l pgratelimit.Lease, now time.Time) time.Duration { return max(l.ExpiresAt.Sub(now), 0) }
+
+// liveLease returns key's live lease id, or nil if it has none (or id is
+// "").
+func liveLease(ctx context.Context, s *pgratelimit.Semaphore, key, id string) (*pgratelimit.Lease, error) {
+	if id == "" {
+		return nil, nil
+	}
+	ls, err := s.Leases(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range ls {
+		if l.ID == id {
+			return &l, nil
+		}
+	}
+	return nil, nil
+}
+
+// leaseJSON is a lease for --json.
+type leaseJSON struct {
+	ID          string    `json:"id"`
+	Weight      int64     `json:"weight"`
+	Token       int64     `json:"token"`
+	AcquiredAt  time.Time `json:"acquired_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	ExpiresInMS int64     `json:"expires_in_ms"` // by this machine's clock
+}
+
+func leaseJSONOf(l pgratelimit.Lease, expiresIn time.Duration) *leaseJSON {
+	return &leaseJSON{ID: l.ID, Weight: l.Weight, Token: l.Token, AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC(),
+		ExpiresInMS: expiresIn.Milliseconds()}
+}
+
+// acquireJSON is an acquisition's result for --json: the lease's fields
+// (id first) when acquired. Held is the units the key's live leases hold
+// (this one included), Limit the --max; RetryAfterMS, when denied, is how
+// long until enough of them expire unless released or extended before.
+type acquireJSON struct {
+	Key      string `json:"key"`
+	Acquired bool   `json:"acquired"`
+	*leaseJSON
+	Weight       int64  `json:"weight"`
+	Held         int64  `json:"held"`
+	Limit        int64  `json:"limit"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+	Waited       bool   `json:"waited,omitempty"`
+	RequestID    string `json:"request_id,omitempty"`
+	Replayed     *bool  `json:"replayed,omitempty"`
+}
+
+// waitGrace is how long past --timeout acquire --wait's context lasts: the
+// wait ends at --timeout (SemaphoreConfig.MaxWait), and its last try needs
+// the database a moment more.
+const waitGrace = 2 * time.Second
+
+func runAcquire(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "acquire").withLeasePolicy()
+	max := f.Int64("max", 0, "the most units a key's live leases hold (SemaphoreConfig.Max; required)")
+	ttl := f.Duration("ttl", 0, "how long the lease counts unless extended (SemaphoreConfig.TTL; required)")
+	weight := f.Int64("weight", 1, "the units the lease holds, at most --max")
+	requestID := f.String("request-id", "", "an idempotency key, which becomes the lease's ID: a repeat while the lease lives takes nothing and prints it, saying it was replayed")
+	wait := f.Bool("wait", false, "wait for free units (woken by releases) up to --timeout, instead of exiting 1 at once")
+	check := func([]string) (leaseOpts, error) {
+		if err := checkMax(f, *max, true); err != nil {
+			return leaseOpts{}, err
+		}
+		if err := checkTTL(f, *ttl, "how long a lease counts unless extended"); err != nil {
+			return leaseOpts{}, err
+		}
+		switch {
+		case *weight < 1:
+			return leaseOpts{}, usagef("--weight must be at least 1, got %d", *weight)
+		case *weight > *max:
+			return leaseOpts{}, usagef("--weight %d is more than --max %d: such a lease could never be acquired", *weight, *max)
+		case *requestID != "":
+			if err := checkID("--request-id", *requestID); err != nil {
+				return leaseOpts{}, err
+			}
+		}
+		o := leaseOpts{max: *max, ttl: *ttl}
+		if *wait && f.timeout > 0 {
+			o.maxWait, f.grace = f.timeout, waitGrace
+		}
+		return o, nil
+	}
+	return f.withSemaphore(ctx, args, 1, check,
+		func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+			key, id := pos[0], *requestID
+			// A live lease of the request ID makes the acquisition a replay:
+			// the library returns that lease and takes nothing.
+			prior, err := liveLease(ctx, s, key, id)
+			if err != nil {
+				return 0, err
+			}
+			if id != "" {
+				ctx = pgratelimit.WithRequestID(ctx, id)
+			}
+			r, gaveUp, err := takeLease(ctx, s, key, *weight, *wait)
+			switch {
+			case errors.Is(err, pgratelimit.ErrRequestMismatch):
+				what := "another weight"
+				if prior != nil {
+					what = "weight " + strconv.FormatInt(prior.Weight, 10)
+				}
+				return 0, fmt.Errorf("request ID %q holds a live lease of %q of %s, not %d: nothing taken (a new lease needs a new ID)", id, key, what, *weight)
+			case err != nil:
+				return 0, err
+			}
+			a := acquisition{key: key, weight: *weight, requestID: id, r: r, prior: prior, gaveUp: gaveUp, waited: f.timeout}
+			a.print(f)
+			if !r.Acquired {
+				return exitDenied, nil
+			}
+			return exitOK, nil
+		})
+}
+
+// takeLease acquires a lease, or with wait waits for one (within
+// SemaphoreConfig.MaxWait: --timeout). gaveUp says a wait ended without free
+// units: r is its last denial.
+func takeLease(ctx context.Context, s *pgratelimit.Semaphore, key string, weight int64, wait bool) (r pgratelimit.LeaseResult, gaveUp bool, err error) {
+	if !wait {
+		r, err = s.Acquire(ctx, key, weight)
+		return r, false, err
+	}
+	r, err = s.Wait(ctx, key, weight)
+	if errors.Is(err, pgratelimit.ErrWaitTooLong) && r.Limit > 0 {
+		return r, true, nil
+	}
+	return r, false, err
+}
+
+// acquisition is what acquire did, to print: r, on key, for weight and
+// requestID; prior is the request ID's live lease before, if it had one;
+// gaveUp says a wait of waited found no free units.
+type acquisition struct {
+	key       string
+	weight    int64
+	requestID string
+	r         pgratelimit.LeaseResult
+	prior     *pgratelimit.Lease
+	gaveUp    bool
+	waited    time.Duration
+}
+
+// print prints the acquisition: with the lease ID first when acquired.
+func (a acquisition) print(f *flags) {
+	r, l, now := a.r, a.r.Lease, time.Now()
+	replayed := a.prior != nil && r.Acquired && l.Token == a.prior.Token
+	left := l.ExpiresAt.Sub(l.AcquiredAt) // the TTL, by the database's clock
+	if replayed {
+		left = expiresIn(l, now)
+	}
+	if f.json {
+		j := acquireJSON{Key: a.key, Acquired: r.Acquired, Weight: a.weight, Held: r.Held, Limit: r.Limit,
+			RetryAfterMS: r.RetryAfter.Milliseconds(), Waited: a.gaveUp, RequestID: a.requestID}
+		if r.Acquired {
+			j.leaseJSON = leaseJSONOf(l, left)
+		}
+		if a.requestID != "" {
+			j.Replayed = &replayed
+		}
+		f.printJSON(j)
+		return
+	}
+	held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), a.key, l.Token, r.Held, r.Limit, whenIn(left, now))
+	switch {
+	case replayed:
+		fmt.Fprintf(f.c.stdout, "%s  replayed: request %q already holds this lease, acquired at %s (nothing taken now): %s\n",
+			shownID(l.ID), a.requestID, l.AcquiredAt.Local().Format(time.DateTime+" MST"), held)
+	case r.Acquired:
+		fmt.Fprintf(f.c.stdout, "%s  acquired %s\n", shownID(l.ID), held)
+	case a.gaveUp:
+		fmt.Fprintf(f.c.stdout, "denied: waited %s (--timeout) for %s of %q, none came free: %d of %d held (nothing taken); %s\n",
+			human(a.waited), units(a.weight), a.key, r.Held, r.Limit, leaseRetryText(r, now))
+	default:
+		fmt.Fprintf(f.c.stdout, "denied: %q has %d of %d units held, so not the %d asked for (nothing taken); %s\n",
+			a.key, r.Held, r.Limit, a.weight, leaseRetryText(r, now))
+	}
+}
+
+// leaseRetryText says when a denied acquisition may succeed: when enough
+// leases expire, unless a release comes first.
+func leaseRetryText(r pgratelimit.LeaseResult, now time.Time) string {
+	if r.RetryAfter == pgratelimit.InfDuration {
+		return "expiries alone will never free enough units (the weight is more than Max)"
+	}
+	return "retry " + whenIn(r.RetryAfter, now) + ", when enough leases expire (sooner if one is released; --wait waits)"
+}
+
+// leaseStatusJSON is a release's or an extension's outcome for --json:
+// status is released, not_held, extended or expired; the lease is the one
+// extended, or the one released when it was seen live just before.
+type leaseStatusJSON struct {
+	Key    string `json:"key"`
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	*leaseJSON
+}
+
+func runRelease(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "release").withLeasePolicy()
+	max := f.Int64("max", 0, "the semaphore's Max: the release then wakes waiters (acquire --wait, Semaphore.Wait) only when the key was full (default: whenever it releases a lease)")
+	check := func(pos []string) (leaseOpts, error) {
+		if err := checkMax(f, *max, false); err != nil {
+			return leaseOpts{}, err
+		}
+		// A Max of 1 makes every key with a live lease full: the release of
+		// one notifies the waiters. The TTL plays no part in a release.
+		o := leaseOpts{max: 1, ttl: time.Second}
+		if f.Changed("max") {
+			o.max = *max
+		}
+		return o, checkID("LEASE-ID", pos[1])
+	}
+	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+		key, id := pos[0], pos[1]
+		// Whether it was held: Release answers nil either way.
+		held, err := liveLease(ctx, s, key, id)
+		if err != nil {
+			return 0, err
+		}
+		err = s.Release(ctx, key, id)
+		j := leaseStatusJSON{Key: key, ID: id}
+		var line string
+		code := exitOK
+		switch {
+		case errors.Is(err, pgratelimit.ErrLeaseExpired):
+			j.Status, code = "expired", exitDenied
+			line = fmt.Sprintf("lease %s of %q had expired: its units were free already, and may be another's now (nothing released; release sooner, or extend while working)", shownID(id), key)
+		case err != nil:
+			return 0, err
+		case held == nil:
+			j.Status = "not_held"
+			line = fmt.Sprintf("lease %s of %q is not held (released before, never acquired, or expired and cleaned up): nothing to release", shownID(id), key)
+		default:
+			j.Status, j.leaseJSON = "released", leaseJSONOf(*held, 0)
+			line = fmt.Sprintf("released lease %s of %q (%s, token %d): free again", shownID(id), key, units(held.Weight), held.Token)
+		}
+		if f.json {
+			f.printJSON(j)
+		} else {
+			fmt.Fprintln(c.stdout, line)
+		}
+		return code, nil
+	})
+}
+
+func runExtend(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "extend").withLeasePolicy()
+	ttl := f.Duration("ttl", 0, "how long the lease counts from now (SemaphoreConfig.TTL: the one it was acquired with; required)")
+	check := func(pos []string) (leaseOpts, error) {
+		if err := checkTTL(f, *ttl, "how long the lease counts from now"); err != nil {
+			return leaseOpts{}, err
+		}
+		return leaseOpts{max: 1, ttl: *ttl}, checkID("LEASE-ID", pos[1]) // (Max plays no part in an extension)
+	}
+	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+		key, id := pos[0], pos[1]
+		l, err := s.Extend(ctx, key, id)
+		j := leaseStatusJSON{Key: key, ID: id}
+		var line string
+		code := exitDenied
+		switch {
+		case errors.Is(err, pgratelimit.ErrLeaseExpired):
+			j.Status = "expired"
+			line = fmt.Sprintf("lease %s of %q had expired: its units may be another's now (nothing extended; acquire again)", shownID(id), key)
+		case errors.Is(err, pgratelimit.ErrLeaseNotFound):
+			j.Status = "not_held"
+			line = fmt.Sprintf("lease %s of %q is not held (released, never acquired, or expired and cleaned up): nothing extended (acquire again)", shownID(id), key)
+		case err != nil:
+			return 0, err
+		default:
+			now := time.Now()
+			j.Status, j.leaseJSON, code = "extended", leaseJSONOf(l, expiresIn(l, now)), exitOK
+			line = fmt.Sprintf("extended lease %s of %q (%s, token %d): expires %s", shownID(id), key, units(l.Weight), l.Token, whenIn(expiresIn(l, now), now))
+		}
+		if f.json {
+			f.printJSON(j)
+		} else {
+			fmt.Fprintln(c.stdout, line)
+		}
+		return code, nil
+	})
+}
+
+// leasesJSON is a key's live leases for --json, oldest first; Limit is
+// --max, when given.
+type leasesJSON struct {
+	Key    string       `json:"key"`
+	Prefix string       `json:"prefix"`
+	Held   int64        `json:"held"`
+	Limit  int64        `json:"limit,omitempty"`
+	Leases []*leaseJSON `json:"leases"`
+}
+
+func runLeases(ctx context.Context, c *cli, args []string) int {
+	f := newFlags(c, "leases").withLeasePolicy()
+	max := f.Int64("max", 0, "the semaphore's Max, to show the units held of it")
+	check := func([]string) (leaseOpts, error) {
+		return leaseOpts{max: 1, ttl: time.Second}, checkMax(f, *max, false) // (listing reads the leases as they are)
+	}
+	return f.withSemaphore(ctx, args, 1, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+		key := pos[0]
+		ls, err := s.Leases(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		now := time.Now()
+		j := leasesJSON{Key: key, Prefix: f.prefix, Limit: *max, Leases: []*leaseJSON{}}
+		for _, l := range ls {
+			j.Held += l.Weight
+			j.Leases = append(j.Leases, leaseJSONOf(l, expiresIn(l, now)))
+		}
+		switch {
+		case f.json:
+			f.printJSON(j)
+			return exitOK, nil
+		case len(ls) == 0:
+			fmt.Fprintf(c.stdout, "no live leases of %q (prefix %q)\n", key, f.prefix)
+			return exitOK, nil
+		}
+		of := ""
+		if *max > 0 {
+			of = fmt.Sprintf(" of %d", *max)
+		}
+		fmt.Fprintf(c.stdout, "%q: %s holding %s%s (prefix %q), oldest first:\n", key, plural(int64(len(ls)), "live lease", "live leases"), units(j.Held), of, f.prefix)
+		for _, l := range ls {
+			fmt.Fprintf(c.stdout, "  %s  weight %d  token %d  acquired %s  expires %s\n",
+				shownID(l.ID), l.Weight, l.Token, l.AcquiredAt.UTC().Format(eventTime), whenIn(expiresIn(l, now), now))
+		}
+		return exitOK, nil
+	})
+}
