@@ -9,9 +9,14 @@ import (
 )
 
 // benchMore ends bench's help: where its comparison with its peers is.
-const benchMore = `'pgratelimit bench peers' runs this benchmark beside pgbench, rate-limiter-flexible and
-redis_rate on a throwaway PostgreSQL and Redis (bench/peers.sh, make bench-peers);
-'pgratelimit bench peers --help' for its arguments.
+const benchMore = `--leases measures concurrency leases instead of checks: each worker acquires a lease of
+--cost units of a key (a Semaphore of --lease-max units per key, --mode and --storage as
+for checks) and releases it at once; the report gives acquire+release pairs per second,
+their latency and the CPU time per pair, and audits that no key held more than its units.
+'pgratelimit bench peers' runs this benchmark beside pgbench, rate-limiter-flexible and
+redis_rate, and its --leases beside a Redis counting semaphore, on a throwaway PostgreSQL
+and Redis (bench/peers.sh, make bench-peers); 'pgratelimit bench peers --help' for its
+arguments.
 `
 
 // runBench is `pgratelimit bench`: the load benchmark of package bench, its

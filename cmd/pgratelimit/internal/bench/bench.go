@@ -3,6 +3,8 @@
 // Options.Keys for Options.Duration, in a scratch schema that Run creates and
 // drops, then it reports throughput, latency, the CPU time a check cost in
 // the client and the server, an exactness audit and the HOT-update ratio.
+// With Options.Leases the workers acquire and release concurrency leases
+// instead (a Semaphore), and the report counts acquire+release pairs.
 //
 // Its subpackage peers compares it with the rate limiters and the plain SQL
 // a team would otherwise use (`pgratelimit bench peers`), running this
@@ -45,7 +47,21 @@ type Options struct {
 	Prefill       int           // --prefill: live rows put in the table first
 	Commit        string        // --commit: sync, or async (Config.AsyncCommit)
 	Alerts        bool          // --alerts: Config.Alerts (BenchAlerts)
+	Leases        bool          // --leases: acquire and release leases (a Semaphore) instead of checks
+	LeaseMax      int64         // --lease-max: SemaphoreConfig.Max with --leases
 }
+
+// The defaults of the bucket's flags, which --leases refuses to change: its
+// limit is --lease-max.
+const (
+	defaultCapacity = 1 << 40
+	defaultRefill   = 1
+	defaultInterval = time.Second
+)
+
+// LeaseTTL is the TTL of the leases of a run with --leases: longer than any
+// pair takes, so that every lease is released rather than expired.
+const LeaseTTL = 30 * time.Second
 
 // BenchAlerts are the usage alerts of a run with --alerts: lines at 80%,
 // 90% and 100% of the capacity used, at a balance of 100, and the denial of
@@ -61,9 +77,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.Cost, "cost", 1, "tokens per check")
 	fs.StringVar(&o.Storage, "storage", "durable", "durable or ephemeral")
 	fs.StringVar(&o.Mode, "mode", "coalesce", "coalesce (the default) or per-check")
-	fs.Int64Var(&o.Capacity, "capacity", 1<<40, "bucket capacity (the default never denies; set a small one to exercise the audit)")
-	fs.Int64Var(&o.Refill, "refill", 1, "tokens per interval")
-	fs.DurationVar(&o.Interval, "interval", time.Second, "refill interval")
+	fs.Int64Var(&o.Capacity, "capacity", defaultCapacity, "bucket capacity (the default never denies; set a small one to exercise the audit)")
+	fs.Int64Var(&o.Refill, "refill", defaultRefill, "tokens per interval")
+	fs.DurationVar(&o.Interval, "interval", defaultInterval, "refill interval")
 	fs.IntVar(&o.Conns, "conns", 0, "pool connections (default: --concurrency, at most 200)")
 	fs.IntVar(&o.CoalesceConns, "coalesce-conns", 0, "Config.CoalesceConns (default: the library's)")
 	fs.IntVar(&o.Limits, "limits", 1, "limits charged per check: 1, or 2 (the policy above, and one per day of the same capacity, in one AllowAll)")
@@ -78,6 +94,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Commit, "commit", "sync", "sync, or async: Config.AsyncCommit, commits that do not wait for the WAL flush (not with --grants, --ledger or --request-ids)")
 	fs.BoolVar(&o.Alerts, "alerts", false, "Config.Alerts: usage alerts at 80%, 90% and 100% used, at a balance of 100, and when exhausted (durable storage; the report counts the events written)")
 	fs.IntVar(&o.Prefill, "prefill", 0, "fill the table with N live rows of the run's prefix before the run (full buckets, as checks left them: the run's --keys are the first of them); at least --keys")
+	fs.BoolVar(&o.Leases, "leases", false, "concurrency leases instead of checks: each worker acquires a lease of --cost units of a key (a Semaphore of --lease-max units per key) and releases it at once; the report counts acquire+release pairs")
+	fs.Int64Var(&o.LeaseMax, "lease-max", 8, "with --leases: the units each key has (SemaphoreConfig.Max)")
 }
 
 // Config checks the options and returns the limiter Config of the run; its
@@ -110,6 +128,11 @@ func (o Options) Config() (pgratelimit.Config, error) {
 	case o.Alerts && cfg.Storage != pgratelimit.Durable:
 		return cfg, clierr.Usagef("--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch")
 	}
+	if o.Leases {
+		if err := o.checkLeases(); err != nil {
+			return cfg, err
+		}
+	}
 	if o.Commit == "async" {
 		// The library refuses AsyncCommit with money: credits, their ledger
 		// and exactly-once charges must survive a crash.
@@ -141,6 +164,44 @@ func (o Options) Config() (pgratelimit.Config, error) {
 	return cfg, nil
 }
 
+// checkLeases refuses, with --leases, the flags of checks, and a lease
+// that could never be acquired.
+func (o Options) checkLeases() error {
+	var checks []string
+	for _, c := range []struct {
+		set  bool
+		flag string
+	}{
+		{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval, "--capacity, --refill, --interval"},
+		{o.Limits != 1, "--limits"}, {o.Grants > 0, "--grants"}, {o.DenyCache > 0, "--deny-cache"}, {o.Ledger, "--ledger"},
+		{o.Alerts, "--alerts"}, {o.Commit != "sync", "--commit async"}, {o.Hold, "--hold"}, {o.Prefill > 0, "--prefill"},
+	} {
+		if c.set {
+			checks = append(checks, c.flag)
+		}
+	}
+	switch {
+	case len(checks) > 0:
+		return clierr.Usagef("--leases does not go with %s: they set up checks of buckets, and a run with --leases makes none (its limit is --lease-max)", strings.Join(checks, ", "))
+	case o.LeaseMax < 1:
+		return clierr.Usagef("--lease-max must be at least 1, got %d", o.LeaseMax)
+	case o.Cost > o.LeaseMax:
+		return clierr.Usagef("--cost %d, the weight of each lease, is more than --lease-max %d: no lease could be acquired", o.Cost, o.LeaseMax)
+	}
+	return nil
+}
+
+// SemaphoreConfig is the Semaphore of a run with --leases: --lease-max
+// units per key, held LeaseTTL, in --storage, coalesced unless --mode
+// per-check.
+func (o Options) SemaphoreConfig() pgratelimit.SemaphoreConfig {
+	cfg := pgratelimit.SemaphoreConfig{Prefix: "bench", Max: o.LeaseMax, TTL: LeaseTTL, DisableCoalescing: o.Mode == "per-check"}
+	if o.Storage == "ephemeral" {
+		cfg.Storage = pgratelimit.Ephemeral
+	}
+	return cfg
+}
+
 // conns is the pool's size: --conns, else --concurrency up to 200.
 func (o Options) conns() int {
 	if o.Conns == 0 {
@@ -150,9 +211,12 @@ func (o Options) conns() int {
 }
 
 // contender names the run in its report: ours-MODE-STORAGE and what else
-// it does (-alerts: --alerts; -async: --commit async).
+// it does (-alerts: --alerts; -async: --commit async; -leases: --leases).
 func (o Options) contender() string {
 	name := "ours-" + o.Mode + "-" + o.Storage
+	if o.Leases {
+		name += "-leases"
+	}
 	if o.Limits == 2 {
 		name += "-2limits"
 	}

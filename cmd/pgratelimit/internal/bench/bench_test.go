@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -53,6 +55,13 @@ func TestConfig(t *testing.T) {
 	require.True(t, cfg.AsyncCommit)
 
 	o = defaults(t)
+	o.Leases, o.Mode, o.Storage, o.RequestIDs = true, "per-check", "ephemeral", true
+	_, err = o.Config()
+	require.NoError(t, err)
+	require.Equal(t, pgratelimit.SemaphoreConfig{Prefix: "bench", Max: 8, TTL: LeaseTTL, Storage: pgratelimit.Ephemeral, DisableCoalescing: true}, o.SemaphoreConfig())
+	require.Equal(t, "ours-per-check-ephemeral-leases-requestids", o.contender())
+
+	o = defaults(t)
 	o.Alerts = true
 	cfg, err = o.Config()
 	require.NoError(t, err)
@@ -73,13 +82,18 @@ func TestConfig(t *testing.T) {
 		{func(o *Options) { o.Commit, o.Grants = "async", 5 }, "--commit async does not go with --grants: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop --grants, or use --commit sync)"},
 		{func(o *Options) { o.Alerts, o.Storage = true, "ephemeral" }, "--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch"},
 		{func(o *Options) { o.Commit, o.Ledger, o.RequestIDs = "async", true, true }, "--commit async does not go with --ledger, --request-ids: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop --ledger, --request-ids, or use --commit sync)"},
+		{func(o *Options) { o.Leases, o.Grants, o.Ledger, o.Alerts = true, 5, true, true }, "--leases does not go with --grants, --ledger, --alerts: they set up checks of buckets, and a run with --leases makes none (its limit is --lease-max)"},
+		{func(o *Options) { o.Leases, o.Capacity, o.Limits = true, 5, 2 }, "--leases does not go with --capacity, --refill, --interval, --limits: they set up checks of buckets"},
+		{func(o *Options) { o.Leases, o.Commit, o.Hold, o.Prefill, o.DenyCache = true, "async", true, 10000, 5 }, "--leases does not go with --deny-cache, --commit async, --hold, --prefill:"},
+		{func(o *Options) { o.Leases, o.LeaseMax = true, 0 }, "--lease-max must be at least 1, got 0"},
+		{func(o *Options) { o.Leases, o.Cost = true, 9 }, "--cost 9, the weight of each lease, is more than --lease-max 8: no lease could be acquired"},
 	} {
 		bad := defaults(t)
 		tc.change(&bad)
 		_, err := bad.Config()
 		var ue clierr.UsageError
 		require.True(t, errors.As(err, &ue), "%v", err)
-		require.Equal(t, tc.want, ue.Msg)
+		require.True(t, strings.HasPrefix(ue.Msg, tc.want), "%s\nwant %s", ue.Msg, tc.want)
 	}
 }
 
@@ -172,4 +186,62 @@ func TestRunAlerts(t *testing.T) {
 	var text bytes.Buffer
 	rep.WriteText(&text, o.Duration, o.Cost)
 	require.Contains(t, text.String(), fmt.Sprintf("  alerts: %d events written\n", rep.Events))
+}
+
+// --leases: a short run of acquire+release pairs on a few keys of 2 units,
+// most of them denied, in both coalescing modes: the audit holds, the
+// report counts pairs and the CPU per pair, and says so in text and JSON.
+// (Not in parallel with TestRun, which counts the scratch schemas left.)
+func TestRunLeases(t *testing.T) {
+	s := testdb.NewEmptySchema(t)
+	for _, mode := range []string{"coalesce", "per-check"} {
+		o := defaults(t)
+		o.Concurrency, o.Keys, o.Duration, o.Leases, o.LeaseMax, o.Mode = 16, 2, 300*time.Millisecond, true, 2, mode
+		pcfg, err := pgxpool.ParseConfig(s.URL(t))
+		require.NoError(t, err)
+		rep, err := Run(context.Background(), o, Env{Pool: pcfg, Progress: io.Discard})
+		require.NoError(t, err)
+		require.True(t, rep.OK(), rep.Audit)
+		require.Zero(t, rep.Errors)
+		require.Equal(t, "ours-"+mode+"-durable-leases", rep.Contender)
+		require.True(t, rep.Leases)
+		require.Equal(t, int64(2), rep.LeaseMax)
+		require.Positive(t, rep.Pairs)
+		require.Equal(t, rep.Allowed, rep.Pairs)
+		require.Positive(t, rep.Denied, "16 workers on 2 keys of 2 units")
+		require.Positive(t, rep.PairsPerSec)
+		require.Positive(t, rep.ClientUsPerPair)
+		require.Greater(t, rep.ChecksPerSec, rep.PairsPerSec, "acquisitions, denied ones included")
+		line, err := json.Marshal(rep)
+		require.NoError(t, err)
+		require.Contains(t, string(line), `"leases":true,"lease_max":2,"pairs":`)
+		var text bytes.Buffer
+		rep.WriteText(&text, o.Duration, o.Cost)
+		require.True(t, strings.HasPrefix(text.String(), "ours-"+mode+"-durable-leases: 16 in flight, 2 keys, 300ms, leases of 1 unit of 2 per key, each released at once\n"), text.String())
+		require.Regexp(t, `(?m)^  \d+ pairs/s \(acquire \+ release\)   p50 `, text.String())
+		require.Regexp(t, `(?m)^  acquisitions: \d+/s, \d+ acquired and released, \d+ denied \(no free units\), 0 errors$`, text.String())
+		require.Regexp(t, `(?m)^  CPU per pair: client \d+\.\d µs, server `, text.String())
+		require.Contains(t, text.String(), "  audit: ok\n")
+	}
+}
+
+// The lease audit fails on an answer that disagrees with Max, and on more
+// units held by the workers at once than Max.
+func TestLeaseAudit(t *testing.T) {
+	a := &leaseAudit{max: 2, held: make([]atomic.Int64, 1)}
+	a.answer(0, 1, pgratelimit.LeaseResult{Acquired: true, Held: 2})
+	a.answer(0, 1, pgratelimit.LeaseResult{Held: 2})
+	a.hold(0, 1)
+	a.hold(0, 1)
+	a.release(0, 1)
+	a.hold(0, 1)
+	require.Equal(t, "ok", a.verdict())
+	a.hold(0, 1)
+	require.Equal(t, "FAILED: key-0 had 3 units held at once by the run's workers, more than --lease-max 2", a.verdict())
+	a = &leaseAudit{max: 2, held: make([]atomic.Int64, 1)}
+	a.answer(0, 1, pgratelimit.LeaseResult{Held: 1})
+	require.Equal(t, "FAILED: an acquisition of 1 unit of key-0 was denied with 1 of 2 held", a.verdict())
+	a = &leaseAudit{max: 2, held: make([]atomic.Int64, 1)}
+	a.answer(0, 1, pgratelimit.LeaseResult{Acquired: true, Held: 3})
+	require.Equal(t, "FAILED: an acquisition of key-0 left 3 units held, more than --lease-max 2", a.verdict())
 }

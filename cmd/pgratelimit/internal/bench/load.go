@@ -94,14 +94,16 @@ func hold(ctx, runCtx context.Context, wg *sync.WaitGroup, pool *pgxpool.Pool, c
 	return nil
 }
 
-// work is worker w: it checks keys drawn uniformly until the run ends.
+// work is worker w: it checks keys drawn uniformly until the run ends,
+// timing the checks allowed (with --leases: acquire+release pairs), and
+// those denied too unless --leases.
 func (ld *load) work(runCtx context.Context, w int, start, end time.Time, o Options, ch *checker) {
 	rng := mrand.New(mrand.NewPCG(uint64(w), uint64(start.UnixNano())))
 	mine := make([]time.Duration, 0, 1<<14)
 	for runCtx.Err() == nil {
 		k := rng.IntN(o.Keys)
 		t0 := time.Now()
-		ok, err := ch.check(runCtx, keyName(k), o.Cost)
+		ok, err := ch.check(runCtx, k, o.Cost)
 		if err != nil {
 			if runCtx.Err() != nil || !time.Now().Before(end) {
 				break // the run ended mid-check: not an error of the limiter
@@ -110,7 +112,9 @@ func (ld *load) work(runCtx context.Context, w int, start, end time.Time, o Opti
 			ld.firstErr.CompareAndSwap(nil, err.Error())
 			continue
 		}
-		mine = append(mine, time.Since(t0))
+		if ok || ch.timeDenied {
+			mine = append(mine, time.Since(t0))
+		}
 		if ok {
 			ld.allowed.Add(1)
 			ld.allowedCost[k].Add(o.Cost)

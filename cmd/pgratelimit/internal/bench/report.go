@@ -44,6 +44,19 @@ type Report struct {
 	// coordinator first (-1: not readable, a node not on this machine);
 	// ServerUsPerCheck is then their sum (0 unless all were read).
 	Nodes []NodeCPU `json:"nodes,omitempty"`
+	// With --leases (Leases) a check is an acquisition of a lease of
+	// LeaseMax units per key: Allowed counts those acquired, each released
+	// at once, Denied those that found no free units, and ChecksPerSec and
+	// the CPU per check are per acquisition. Pairs are the acquire+release
+	// pairs (Allowed), PairsPerSec their rate, the CPU per pair the run's
+	// over them (denied acquisitions included); P50ms, P99ms and MaxMs are
+	// the pairs' latency, from the acquisition sent to the release done.
+	Leases          bool    `json:"leases"`
+	LeaseMax        int64   `json:"lease_max,omitempty"`
+	Pairs           int64   `json:"pairs,omitempty"`
+	PairsPerSec     float64 `json:"pairs_per_sec,omitempty"`
+	ClientUsPerPair float64 `json:"client_us_per_pair,omitempty"`
+	ServerUsPerPair float64 `json:"server_us_per_pair,omitempty"`
 }
 
 // NodeCPU is a Citus node's server CPU time per check.
@@ -59,14 +72,14 @@ func (r Report) OK() bool { return r.Audit == "ok" }
 // CPU per check, the events written with --alerts, the audit, HOT updates
 // and, after a prefill, the table's size. duration and cost are the run's, as asked.
 func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
-	fmt.Fprintf(w, "%s: %d in flight, %d keys, %s, cost %d\n", r.Contender, r.Conc, r.Keys, duration, cost)
-	fmt.Fprintf(w, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", r.ChecksPerSec, r.P50ms, r.P99ms, r.MaxMs)
-	fmt.Fprintf(w, "  allowed %d   denied %d   errors %d\n", r.Allowed, r.Denied, r.Errors)
-	server := "n/a (not a local server)"
-	if r.ServerUsPerCheck > 0 {
-		server = fmt.Sprintf("%.1f", r.ServerUsPerCheck)
+	if r.Leases {
+		r.writeLeases(w, duration, cost)
+	} else {
+		fmt.Fprintf(w, "%s: %d in flight, %d keys, %s, cost %d\n", r.Contender, r.Conc, r.Keys, duration, cost)
+		fmt.Fprintf(w, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", r.ChecksPerSec, r.P50ms, r.P99ms, r.MaxMs)
+		fmt.Fprintf(w, "  allowed %d   denied %d   errors %d\n", r.Allowed, r.Denied, r.Errors)
+		fmt.Fprintf(w, "  CPU per check: client %.1f µs, server %s µs\n", r.ClientUsPerCheck, serverText(r.ServerUsPerCheck))
 	}
-	fmt.Fprintf(w, "  CPU per check: client %.1f µs, server %s µs\n", r.ClientUsPerCheck, server)
 	if len(r.Nodes) > 0 {
 		var parts []string
 		for _, n := range r.Nodes {
@@ -86,6 +99,25 @@ func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
 	if r.PrefillRows > 0 {
 		fmt.Fprintf(w, "  prefilled %d rows: table %d MB, indexes %d MB\n", r.PrefillRows, r.TableBytes>>20, r.IndexBytes>>20)
 	}
+}
+
+// writeLeases writes the head of a report of a run with --leases: pairs
+// per second and their latency, the acquisitions, the CPU per pair.
+func (r Report) writeLeases(w io.Writer, duration time.Duration, weight int64) {
+	fmt.Fprintf(w, "%s: %d in flight, %d keys, %s, leases of %s of %d per key, each released at once\n",
+		r.Contender, r.Conc, r.Keys, duration, plural(weight, "unit", "units"), r.LeaseMax)
+	fmt.Fprintf(w, "  %.0f pairs/s (acquire + release)   p50 %.2f ms   p99 %.2f ms   max %.2f ms (a pair)\n", r.PairsPerSec, r.P50ms, r.P99ms, r.MaxMs)
+	fmt.Fprintf(w, "  acquisitions: %.0f/s, %d acquired and released, %d denied (no free units), %d errors\n", r.ChecksPerSec, r.Allowed, r.Denied, r.Errors)
+	fmt.Fprintf(w, "  CPU per pair: client %.1f µs, server %s µs\n", r.ClientUsPerPair, serverText(r.ServerUsPerPair))
+}
+
+// serverText is a server CPU time per check or pair, in µs: n/a when it
+// could not be read.
+func serverText(us float64) string {
+	if us > 0 {
+		return fmt.Sprintf("%.1f", us)
+	}
+	return "n/a (not a local server)"
 }
 
 func plural(n int64, one, many string) string {

@@ -87,6 +87,9 @@ func Run(ctx context.Context, o Options, env Env) (rep Report, err error) {
 		fmt.Fprintf(env.Progress, "first error: %s\n", e)
 	}
 	rep.Audit = ld.audit(cfg, o.Grants)
+	if ch.audit != nil {
+		rep.Audit = ch.audit()
+	}
 	if err := s.tableStats(ctx, &rep, o.Prefill > 0); err != nil {
 		return rep, err
 	}
@@ -166,19 +169,22 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 		}
 		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) / 1000
 	}
+	checks := ld.allowed.Load() + ld.denied.Load() // (with --leases, only the pairs are timed)
 	rep := Report{
 		Contender: o.contender(),
 		Conc:      o.Concurrency, Keys: o.Keys, Secs: math.Round(o.Duration.Seconds()*10) / 10,
-		ChecksPerSec: math.Round(float64(len(all)) / ld.elapsed.Seconds()),
+		ChecksPerSec: math.Round(float64(checks) / ld.elapsed.Seconds()),
 		P50ms:        pct(0.50), P99ms: pct(0.99), MaxMs: pct(1),
 		Allowed: ld.allowed.Load(), Denied: ld.denied.Load(), Errors: ld.errs.Load(), Audit: "ok",
 		Limits: o.Limits, Commit: o.Commit, Distributed: distributed, Alerts: o.Alerts, PrefillRows: int64(o.Prefill),
 	}
-	n := float64(len(all))
-	if n == 0 {
+	if o.Leases {
+		ld.leaseFigures(&rep, o, used)
+	}
+	if checks == 0 {
 		return rep
 	}
-	perCheck := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/n) / 10 }
+	perCheck := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/float64(checks)) / 10 }
 	rep.ClientUsPerCheck = perCheck(used.client)
 	if used.serverRead {
 		rep.ServerUsPerCheck = perCheck(used.server)
@@ -207,6 +213,22 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 	return rep
 }
 
+// leaseFigures puts in rep the figures of a run with --leases: its
+// acquire+release pairs (the acquisitions allowed, each released at once),
+// their rate and the CPU time per pair.
+func (ld *load) leaseFigures(rep *Report, o Options, used cpuUsed) {
+	rep.Leases, rep.LeaseMax, rep.Pairs = true, o.LeaseMax, rep.Allowed
+	rep.PairsPerSec = math.Round(float64(rep.Pairs) / ld.elapsed.Seconds())
+	if rep.Pairs == 0 {
+		return
+	}
+	perPair := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/float64(rep.Pairs)) / 10 }
+	rep.ClientUsPerPair = perPair(used.client)
+	if used.serverRead {
+		rep.ServerUsPerPair = perPair(used.server)
+	}
+}
+
 // audit checks exactness: no key may have been given more than a bucket
 // allows in the elapsed time (Capacity plus every refill, one more for the
 // edges, plus its grants). It returns "ok", or what failed.
@@ -224,19 +246,30 @@ func (ld *load) audit(cfg pgratelimit.Config, grants int64) string {
 }
 
 // checker is what the workers call: one check of a key, through one limiter
-// or, with --limits 2, two in one AllowAll.
+// or, with --limits 2, two in one AllowAll; with --leases, an acquisition
+// and, when acquired, its release (newLeaseChecker).
 type checker struct {
-	// l is the run's limiter (the first of two with --limits 2).
+	// l is the run's limiter (the first of two with --limits 2); nil with
+	// --leases.
 	l *pgratelimit.Limiter
-	// check checks key and returns whether it was allowed.
-	check func(ctx context.Context, key string, cost int64) (bool, error)
+	// check checks key number k and returns whether it was allowed.
+	check func(ctx context.Context, k int, cost int64) (bool, error)
+	// timeDenied says the latencies of denied checks are timed too (not
+	// with --leases, whose latencies are the pairs').
+	timeDenied bool
+	// audit, if not nil, is the run's exactness audit, instead of the
+	// buckets' (--leases).
+	audit func() string
 	// close releases what the limiters run on (a client of their own with
 	// --no-routing).
 	close func(ctx context.Context)
 }
 
 func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config, o Options) (*checker, error) {
-	ch := &checker{close: func(context.Context) {}}
+	if o.Leases {
+		return newLeaseChecker(ctx, pool, o)
+	}
+	ch := &checker{close: func(context.Context) {}, timeDenied: true}
 	newLimiter := func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) { return pgratelimit.New(pool, cfg) }
 	if o.NoRouting {
 		client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: cfg.CoalesceConns, DisableRouting: true})
@@ -256,11 +289,11 @@ func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config,
 	}
 	ch.l = l
 	var ids atomic.Int64
-	ch.check = func(ctx context.Context, key string, cost int64) (bool, error) {
+	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
 		if o.RequestIDs {
 			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ids.Add(1), 10))
 		}
-		r, err := l.AllowN(ctx, key, cost)
+		r, err := l.AllowN(ctx, keyName(k), cost)
 		return r.Allowed, err
 	}
 	if o.Limits == 2 {
@@ -271,7 +304,8 @@ func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config,
 			ch.close(ctx)
 			return nil, err
 		}
-		ch.check = func(ctx context.Context, key string, cost int64) (bool, error) {
+		ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
+			key := keyName(k)
 			m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}, pgratelimit.Charge{Limiter: day, Key: key, Cost: cost})
 			return m.Allowed, err
 		}
