@@ -24,7 +24,7 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
 
 // t0 is a fixed clock: the buckets' grid starts at it, so every field is
 // exact.

@@ -2,16 +2,22 @@ package connectlimit_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/pgratelimit/pgratelimit/connectlimit"
+	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -59,3 +65,57 @@ func ExampleWithShadow() {
 	limit := connectlimit.NewInterceptor(l, connectlimit.WithShadow())
 	_ = connect.WithInterceptors(limit) // give it to the handlers
 }
+
+// A Connect handler limited per client address, with the health check
+// exempt, and a client that sees the denial's code and RetryInfo detail
+// (the README's Connect block is from here).
+func Example_readme() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := migrations.Up(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
+		log.Fatal(err)
+	}
+	limiter, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "connect", Capacity: 1, Refill: 1, Interval: time.Hour})
+	if err != nil {
+		log.Fatal(err)
+	}
+	const procedure = "/echo.v1.EchoService/Echo"
+	echo := func(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
+		return connect.NewResponse(req.Msg), nil
+	}
+	limit := connectlimit.NewInterceptor(limiter,
+		connectlimit.WithExempt(connectlimit.ExemptProcedures("grpc.health.v1.Health")))
+	mux := http.NewServeMux() // a generated handler: mux.Handle(echov1connect.NewEchoServiceHandler(svc, connect.WithInterceptors(limit)))
+	mux.Handle(procedure, connect.NewUnaryHandler(procedure, echo, connect.WithInterceptors(limit)))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	client := connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](srv.Client(), srv.URL+procedure)
+	for range 2 {
+		_, err := client.CallUnary(ctx, connect.NewRequest(wrapperspb.String("hi")))
+		if err == nil {
+			fmt.Println("ok")
+			continue
+		}
+		var wait time.Duration
+		var cerr *connect.Error
+		if errors.As(err, &cerr) {
+			for _, d := range cerr.Details() {
+				if v, _ := d.Value(); v != nil {
+					if info, ok := v.(*errdetails.RetryInfo); ok {
+						wait = info.GetRetryDelay().AsDuration()
+					}
+				}
+			}
+		}
+		fmt.Println(connect.CodeOf(err), wait > 0)
+	}
+	// Output:
+	// ok
+	// resource_exhausted true
+}
+

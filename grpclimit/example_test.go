@@ -2,6 +2,7 @@ package grpclimit_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"net"
 	"net/netip"
@@ -10,9 +11,16 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/pgratelimit/pgratelimit/grpclimit"
+	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
@@ -96,19 +104,54 @@ func ExampleMiddlewareLimiter() {
 	_ = srv // register services and serve
 }
 
-// README, gRPC: the interceptors with their defaults.
+// A server whose calls and streams are limited per client address, with
+// health checks exempt, and a client that reads the RetryInfo detail of a
+// denial (the README's gRPC blocks are from here).
 func Example_readme() {
-	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	limiter, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "grpc", Capacity: 20, Refill: 10, Interval: time.Second})
+	defer pool.Close()
+	if err := migrations.Up(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
+		log.Fatal(err)
+	}
+	limiter, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "grpc", Capacity: 1, Refill: 1, Interval: time.Hour})
 	if err != nil {
 		log.Fatal(err)
 	}
+	opts := []grpclimit.Option{grpclimit.WithExempt(grpclimit.ExemptMethods("grpc.reflection.v1.ServerReflection"))}
 	srv := grpc.NewServer(
-		grpc.UnaryInterceptor(grpclimit.UnaryServerInterceptor(limiter)),
-		grpc.StreamInterceptor(grpclimit.StreamServerInterceptor(limiter)),
+		grpc.UnaryInterceptor(grpclimit.UnaryServerInterceptor(limiter, opts...)),
+		grpc.StreamInterceptor(grpclimit.StreamServerInterceptor(limiter, opts...)),
 	)
-	_ = srv
+	healthpb.RegisterHealthServer(srv, health.NewServer()) // your services here
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	client := healthpb.NewHealthClient(conn)
+	for range 2 {
+		_, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+		st := status.Convert(err)
+		var wait time.Duration
+		for _, d := range st.Details() {
+			if info, ok := d.(*errdetails.RetryInfo); ok { // google.golang.org/genproto/googleapis/rpc/errdetails
+				wait = info.GetRetryDelay().AsDuration()
+			}
+		}
+		fmt.Println(st.Code(), wait > 0)
+	}
+	// Output:
+	// OK false
+	// ResourceExhausted true
 }

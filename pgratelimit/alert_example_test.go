@@ -22,7 +22,7 @@ import (
 // the consumer's transaction (so the row exists exactly when the event is
 // marked delivered). With River, the handler would enqueue a job in that
 // transaction instead.
-func Example_alerts() {
+func ExampleNewConsumer() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
@@ -41,7 +41,7 @@ func Example_alerts() {
 	}
 
 	quota, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "api-calls", Capacity: 1000, Refill: 1000,
+		Prefix: "quota", Capacity: 1000, Refill: 1000,
 		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month},
 		Grants:   true,
 		Alerts: pgratelimit.Alerts{
@@ -89,7 +89,7 @@ func Example_alerts() {
 	fmt.Println(customer, kind, balance)
 
 	// The events, newest last (the CLI: pgratelimit events --follow).
-	events, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "api-calls", Limit: 20})
+	events, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "quota", Limit: 20})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -51,24 +51,34 @@ func Example() {
 		return
 	}
 	fmt.Printf("allowed, %d of %d left\n", res.Remaining, res.Limit)
+	// Output: allowed, 9 of 10 left
 }
 
-// Charging credits atomically with the work they pay for: the credits are
-// spent only if the transaction commits.
-func ExampleLimiter_AllowNTx() {
-	ctx := context.Background()
+// openPool is the examples' pool, on a migrated database.
+func openPool(ctx context.Context) *pgxpool.Pool {
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
+	if err := migrations.Up(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
+		log.Fatal(err)
+	}
+	return pool
+}
+
+// Charging credits atomically with the work they pay for: the credits are
+// spent only if the transaction commits.
+func ExampleLimiter_In() {
+	ctx := context.Background()
+	pool := openPool(ctx)
 	defer pool.Close()
 	credits, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix:   "credits",
-		Capacity: 1000,
-		Refill:   1000,
-		Interval: 24 * time.Hour,
+		Prefix: "credits-in", Capacity: 1000, Refill: 1000, Interval: 24 * time.Hour,
 	})
 	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS invoices (account text)"); err != nil {
 		log.Fatal(err)
 	}
 
@@ -76,22 +86,67 @@ func ExampleLimiter_AllowNTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
-
-	res, err := credits.AllowNTx(ctx, tx, "account-42", 25)
+	defer tx.Rollback(ctx) // after Commit, a no-op
+	res, err := credits.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "account-42", 25)
 	if err != nil {
 		log.Fatal(err)
 	}
 	if !res.Allowed {
-		fmt.Println("out of credits until", time.Now().Add(res.RetryAfter).Format(time.RFC3339))
+		fmt.Println("out of credits")
 		return
 	}
-	if _, err := tx.Exec(ctx, "INSERT INTO reports (account) VALUES ($1)", "account-42"); err != nil {
+	if _, err := tx.Exec(ctx, "INSERT INTO invoices (account) VALUES ($1)", "account-42"); err != nil {
 		log.Fatal(err) // rolled back: the 25 credits are not spent
 	}
 	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)
 	}
+	res, err = credits.Peek(ctx, "account-42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Remaining)
+	// Output: 975
+}
+
+// Charging credits in a database/sql transaction (sqlc, GORM, bun, lib/pq):
+// the same statements, spent only if the transaction commits.
+func ExampleSQLTx() {
+	ctx := context.Background()
+	pool := openPool(ctx)
+	defer pool.Close()
+	credits, err := pgratelimit.New(pool, pgratelimit.Config{
+		Prefix: "credits-sql", Capacity: 1000, Refill: 1000, Interval: 24 * time.Hour,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL")) // or "postgres" with lib/pq
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := credits.In(pgratelimit.SQLTx(tx)).AllowN(ctx, "account-42", 25)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Allowed, res.Remaining)
+	if err := tx.Rollback(); err != nil { // the app's write failed, say
+		log.Fatal(err)
+	}
+	res, err = credits.Peek(ctx, "account-42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.Remaining)
+	// Output:
+	// true 975
+	// 1000
 }
 
 // Two limits on one API key, "10 per second and 1000 per day", charged
@@ -99,10 +154,7 @@ func ExampleLimiter_AllowNTx() {
 // per-second one.
 func ExampleAllowAll() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
+	pool := openPool(ctx)
 	defer pool.Close()
 	perSecond, err := pgratelimit.New(pool, pgratelimit.Config{
 		Prefix: "api-second", Capacity: 10, Refill: 10, Interval: time.Second, Storage: pgratelimit.Ephemeral,
@@ -132,22 +184,21 @@ func ExampleAllowAll() {
 		return
 	}
 	fmt.Printf("allowed: %d left this second, %d today\n", res.Results[0].Remaining, res.Results[1].Remaining)
+	// Output: allowed: 9 left this second, 999 today
 }
 
 // Plans: limiters that share a Prefix share buckets, so a customer's plan is
-// just which Limiter checks their key. An upgrade keeps the tokens and
-// refills up to the new capacity; a downgrade clamps.
+// just which Limiter checks their key. An upgrade adds the difference of the
+// capacities at once; a downgrade clamps.
 func Example_plans() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
+	pool := openPool(ctx)
 	defer pool.Close()
 	plans := map[string]*pgratelimit.Limiter{}
-	for plan, perMinute := range map[string]int64{"free": 10, "pro": 600} {
+	for plan, perMonth := range map[string]int64{"free": 1000, "pro": 5000} {
 		l, err := pgratelimit.New(pool, pgratelimit.Config{
-			Prefix: "api", Capacity: perMinute, Refill: perMinute, Interval: time.Minute,
+			Prefix: "api-plan", Capacity: perMonth, Refill: perMonth,
+			Calendar: pgratelimit.Calendar{Every: pgratelimit.Month},
 		})
 		if err != nil {
 			log.Fatal(err)
@@ -155,51 +206,47 @@ func Example_plans() {
 		plans[plan] = l
 	}
 
-	customerPlan := "pro" // looked up from the API key
-	res, err := plans[customerPlan].Allow(ctx, "customer-42")
+	res, err := plans["free"].AllowN(ctx, "customer-42", 600)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(res.Allowed, res.Remaining)
+	fmt.Println("free:", res.Remaining, "of", res.Limit)
+	res, err = plans["pro"].Allow(ctx, "customer-42") // upgraded: 4000 more
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pro:", res.Remaining, "of", res.Limit)
+	// Output:
+	// free: 400 of 1000
+	// pro: 4399 of 5000
 }
 
-// Charging credits in a database/sql transaction (sqlc, GORM, bun, lib/pq):
-// the same statements, spent only if the transaction commits.
-func ExampleLimiter_AllowNSQLTx() {
+// Time made explicit in a test: a clock of the test's own replaces the
+// database's, so refills happen when the test says.
+func ExampleConfig_clock() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
+	pool := openPool(ctx)
 	defer pool.Close()
-	credits, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "credits", Capacity: 1000, Refill: 1000, Interval: 24 * time.Hour,
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, err := pgratelimit.New(pool, pgratelimit.Config{
+		Prefix: "t", Capacity: 3, Refill: 1, Interval: 10 * time.Second,
+		Clock: func() time.Time { return now },
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL")) // or "postgres" with lib/pq
+	res, err := l.AllowN(ctx, "k", 3)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer db.Close()
-
-	tx, err := db.BeginTx(ctx, nil)
+	fmt.Println(res.Remaining, res.ResetAfter)
+	now = now.Add(10 * time.Second) // one refill
+	res, err = l.Peek(ctx, "k")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	res, err := credits.AllowNSQLTx(ctx, tx, "account-42", 25)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if !res.Allowed {
-		return
-	}
-	if _, err := tx.ExecContext(ctx, "INSERT INTO reports (account) VALUES ($1)", "account-42"); err != nil {
-		log.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		log.Fatal(err)
-	}
+	fmt.Println(res.Remaining, res.ResetAfter)
+	// Output:
+	// 0 30s
+	// 1 20s
 }

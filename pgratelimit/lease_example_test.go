@@ -1,59 +1,20 @@
 package pgratelimit_test
 
-// The README's "Concurrency leases" code, compiled (internal/readme's test
-// checks that the README's fragment is here, line for line).
-
 import (
 	"context"
 	"fmt"
 	"log"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
-
-func runExport(context.Context) {}
-
-// At most 2 exports at once per organization: a lease of one of 2 slots,
-// held while the export runs, extended as a heartbeat, released at the end;
-// a crashed holder's slot comes back at the TTL by itself.
-func ExampleSemaphore() {
-	ctx, pool, _ := readmeSetup()
-	export(ctx, pool)
-}
-
-func export(ctx context.Context, pool *pgxpool.Pool) {
-	exports, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{
-		Prefix: "exports", Max: 2, TTL: 30 * time.Second,
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	res, err := exports.Acquire(ctx, "org-42", 1)
-	if err != nil {
-		log.Fatal(err) // the database failed; no free slot is not an error
-	}
-	if !res.Acquired {
-		fmt.Printf("%d of %d exports running; retry in %s\n", res.Held, res.Limit, res.RetryAfter)
-		return
-	}
-	defer exports.Release(ctx, "org-42", res.Lease.ID)
-	go func() { // heartbeat: the lease counts for 30s after each Extend
-		for range time.Tick(10 * time.Second) {
-			if _, err := exports.Extend(ctx, "org-42", res.Lease.ID); err != nil {
-				return // ErrLeaseExpired: the slot may be someone else's now
-			}
-		}
-	}()
-	runExport(ctx)
-}
 
 // A lease together with a rate limit, all or nothing: one of 5 slots and
 // one request of the per-minute rate, or neither.
 func ExampleAllowAll_lease() {
-	ctx, pool, _ := readmeSetup()
+	ctx := context.Background()
+	pool := openPool(ctx)
+	defer pool.Close()
 	perMinute, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "completions", Capacity: 60, Refill: 60, Interval: time.Minute})
 	if err != nil {
 		log.Fatal(err)
@@ -74,4 +35,50 @@ func ExampleAllowAll_lease() {
 		return
 	}
 	defer inFlight.Release(ctx, "customer-7", m.Leases[0].ID)
+	fmt.Printf("%d slots free, %d requests left this minute\n", m.Results[0].Remaining, m.Results[1].Remaining)
+	// Output: 4 slots free, 59 requests left this minute
+}
+
+// A holder's life: acquire, extend as a heartbeat while the work runs,
+// release when done. A holder that dies stops extending, and its units come
+// back at the TTL.
+func ExampleSemaphore_Extend() {
+	ctx := context.Background()
+	pool := openPool(ctx)
+	defer pool.Close()
+	jobs, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: "jobs", Max: 1, TTL: 30 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := jobs.Acquire(ctx, "resource-9", 1)
+	if err != nil || !res.Acquired {
+		log.Fatal("not acquired: ", err)
+	}
+	work, done := context.WithCancel(ctx)
+	go func() { // the heartbeat
+		t := time.NewTicker(10 * time.Second) // TTL/3
+		defer t.Stop()
+		for {
+			select {
+			case <-work.Done():
+				return
+			case <-t.C:
+				if _, err := jobs.Extend(ctx, "resource-9", res.Lease.ID); err != nil {
+					done() // ErrLeaseExpired: the slot may be another's now; stop working
+					return
+				}
+			}
+		}
+	}()
+	// ... the job runs under work ...
+	done()
+	if err := jobs.Release(ctx, "resource-9", res.Lease.ID); err != nil {
+		log.Fatal(err)
+	}
+	leases, err := jobs.Leases(ctx, "resource-9")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(leases), "leases held")
+	// Output: 0 leases held
 }

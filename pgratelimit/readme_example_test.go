@@ -1,213 +1,179 @@
 package pgratelimit_test
 
-// The README's code, compiled: each fragment below appears in README.md or
-// docs/*.md as it is here (internal/readme's test checks that they match).
+// The README's examples: each function below is a block of README.md, as it
+// is here (internal/readme's tests check that they match, and run the
+// README's blocks as a reader pastes them). go test runs them here too,
+// each against a fresh schema, and checks their output.
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"log"
-	"log/slog"
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-// readmeSetup is what the README's fragments take as given.
-func readmeSetup() (context.Context, *pgxpool.Pool, *sql.DB) {
+func Example_credits() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated: see the quick start
 	if err != nil {
 		log.Fatal(err)
 	}
-	return ctx, pool, stdlib.OpenDBFromPool(pool)
-}
-
-func runCompletion() int64 { return 620 }
-
-var errOutOfCredits = errors.New("out of credits")
-
-// README, Quotas and credits: a calendar month in Berlin.
-func Example_readmeCalendar() {
-	ctx, pool, _ := readmeSetup()
-	berlin, err := time.LoadLocation("Europe/Berlin")
-	if err != nil {
-		log.Fatal(err)
-	}
-	monthly, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "calls", Capacity: 1000, Refill: 1000, // Refill == Capacity: the quota resets
-		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month, Location: berlin}, // the 1st, 00:00 Berlin
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	res, err := monthly.Allow(ctx, "customer-42")
-	if err != nil {
-		log.Fatal(err)
-	}
-	// A customer whose cycle starts on the day they subscribed:
-	subscribedAt := time.Date(2026, 1, 31, 9, 30, 0, 0, berlin)
-	res, err = monthly.WithAnchor(subscribedAt).Allow(ctx, "customer-43")
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(res.Allowed, res.RetryAfter)
-}
-
-// README, Quotas and credits: grants on top of a plan, a request ID, settling.
-func Example_readmeCredits() {
-	ctx, pool, _ := readmeSetup()
+	defer pool.Close()
 	credits, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "credits", Capacity: 500, Refill: 500, Interval: 30 * 24 * time.Hour,
-		Grants: true,
+		Prefix: "credits", Capacity: 500, Refill: 500, // 500 a month, renewed on the 1st
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month},
+		Grants:   true, // credits bought, spent after the month's
+		Ledger:   true, // a row per change: credits.Ledger(ctx, key, since), or SQL
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	// A pack of 1000 that never expires, and a promotion of 200 until the new year.
-	if _, err := credits.Grant(ctx, "customer-42", 1000, time.Time{}); err != nil {
-		log.Fatal(err)
+	// A pack of 1000, granted once however often the payment's webhook retries.
+	paid := pgratelimit.WithRequestID(ctx, "payment-311")
+	for range 2 {
+		if _, err := credits.Grant(paid, "customer-42", 1000, time.Time{}); err != nil {
+			log.Fatal(err)
+		}
 	}
-	if _, err := credits.Grant(ctx, "customer-42", 200, time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil {
-		log.Fatal(err)
-	}
-	res, err := credits.AllowN(ctx, "customer-42", 40)
+	// An LLM call: charge an estimate (once per request ID), then settle.
+	call := pgratelimit.WithRequestID(ctx, "completion-77")
+	est, err := credits.AllowN(call, "customer-42", 800)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("allowed=%v in the plan: %d, granted: %d\n", res.Allowed, res.Remaining, res.Granted)
-	{
-		ctx := pgratelimit.WithRequestID(ctx, "order-8812") // the caller's idempotency key
-		res, err := credits.AllowN(ctx, "customer-42", 40)
-		if err != nil {
-			// Retry with the same ctx: if the first attempt committed, the retry
-			// returns its outcome and charges nothing.
-			res, err = credits.AllowN(ctx, "customer-42", 40)
-		}
-		if err != nil {
-			log.Fatal(err)
-		}
-		fmt.Printf("allowed=%v remaining=%d\n", res.Allowed, res.Remaining)
+	if !est.Allowed {
+		fmt.Println("out of credits")
+		return
 	}
-	settle := func() error {
-		ctx := pgratelimit.WithRequestID(ctx, "completion-77")
-		est, err := credits.AllowN(ctx, "customer-42", 500) // the estimate
-		if err != nil || !est.Allowed {
-			return err
-		}
-		used := runCompletion() // the actual cost: 620 tokens
-		res, err := credits.Settle(ctx, "customer-42", "completion-77", used)
-		if err != nil {
-			return err
-		}
-		fmt.Printf("balance %d\n", res.Remaining) // negative while the key owes
-		return nil
-	}
-	if err := settle(); err != nil {
-		log.Fatal(err)
-	}
-}
-
-// README, plans (AllowAll's block is ExampleAllowAll's).
-func Example_readmePlans() {
-	ctx, pool, _ := readmeSetup()
-	plans := map[string]*pgratelimit.Limiter{}
-	for plan, perMinute := range map[string]int64{"free": 10, "pro": 600} {
-		l, err := pgratelimit.New(pool, pgratelimit.Config{
-			Prefix: "api-plan", Capacity: perMinute, Refill: perMinute, Interval: time.Minute,
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
-		plans[plan] = l
-	}
-	res, err := plans["pro"].Allow(ctx, "customer-42")
+	fmt.Println("estimate: month", est.Remaining, "packs", est.Granted)
+	res, err := credits.Settle(call, "customer-42", "completion-77", 620)
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(res.Allowed)
+	fmt.Println("settled: month", res.Remaining, "packs", res.Granted) // 180 back to the pack
+	// Output:
+	// estimate: month 0 packs 700
+	// settled: month 0 packs 880
 }
 
-// README, Transactions.
-func Example_readmeTransactions() {
-	ctx, pool, _ := readmeSetup()
-	credits, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "credits", Capacity: 500, Refill: 500, Interval: time.Hour})
+func Example_severalLimits() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated: see the quick start
 	if err != nil {
 		log.Fatal(err)
 	}
-	accountID, cost := "account-1", int64(5)
-	charge := func() error {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx)
-		res, err := credits.AllowNTx(ctx, tx, accountID, cost)
-		if err != nil {
-			return err
-		}
-		if !res.Allowed {
-			return errOutOfCredits
-		}
-		if _, err := tx.Exec(ctx, "INSERT INTO reports (account_id) VALUES ($1)", accountID); err != nil {
-			return err // rolled back: nothing charged
-		}
-		return tx.Commit(ctx)
-	}
-	if err := charge(); err != nil {
-		log.Fatal(err)
-	}
-}
-
-// README, Operations: migrations, the cleaner, a Client.
-func Example_readmeOperations() {
-	ctx, pool, db := readmeSetup()
-	err := migrations.Up(ctx, db)         // apply; a no-op when up to date
-	err = migrations.Down(ctx, db)        // roll back the latest
-	st, err := migrations.Status(ctx, db) // []*goose.MigrationStatus
+	defer pool.Close()
+	perMinute, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "reports-minute", Capacity: 10, Refill: 10, Interval: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(len(st))
-	{
-		cleaner, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{
-			Interval: time.Minute, // the default
-			Logger:   slog.Default(),
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
-		go cleaner.Run(ctx) // returns nil when ctx is cancelled
+	perDay, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "reports-day", Capacity: 12, Refill: 12, Interval: 24 * time.Hour})
+	if err != nil {
+		log.Fatal(err)
 	}
-	{
-		client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: 2})
-		if err != nil {
-			log.Fatal(err) // it asked the database whether it is plain PostgreSQL or Citus
-		}
-		defer client.Close(context.Background()) // waits for the checks in flight
-		api, err := client.NewLimiter(pgratelimit.Config{Prefix: "api", Capacity: 10, Refill: 1, Interval: time.Second})
-		if err != nil {
-			log.Fatal(err)
-		}
-		fmt.Println(api != nil)
+	// A report costs 1 of the minute's 10 and 5 of the day's 12, charged in
+	// the transaction that writes it: all or nothing, and only if it commits.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
 	}
+	defer tx.Rollback(ctx)
+	res, err := pgratelimit.AllowAll(ctx,
+		pgratelimit.Charge{Limiter: perMinute.In(pgratelimit.PgxTx(tx)), Key: "customer-42", Cost: 1},
+		pgratelimit.Charge{Limiter: perDay, Key: "customer-42", Cost: 5},
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if !res.Allowed {
+		fmt.Println("limited; day allows:", res.Results[1].Allowed)
+		return
+	}
+	// ... the report's own writes in tx ...
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("left:", res.Results[0].Remaining, "this minute,", res.Results[1].Remaining, "today")
+	// Output: left: 9 this minute, 7 today
 }
 
-// docs/testing.md: a clock of the test's own.
-func Example_readmeClock() {
-	_, pool, _ := readmeSetup()
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l, _ := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "t", Capacity: 3, Refill: 1, Interval: 10 * time.Second,
-		Clock: func() time.Time { return now },
+func ExampleSemaphore() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated: see the quick start
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	exports, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{
+		Prefix: "exports", Max: 2, TTL: 30 * time.Second, // at most 2 at once per organization
 	})
-	now = now.Add(10 * time.Second)
-	fmt.Println(l != nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 3 {
+		res, err := exports.Acquire(ctx, "org-42", 1)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if !res.Acquired { // no free slot: a result, not an error
+			fmt.Printf("%d of %d running; one may end within %s\n", res.Held, res.Limit, res.RetryAfter.Round(time.Second))
+			return
+		}
+		fmt.Println("lease", res.Lease.Token > 0) // its fencing token: pass it to what the export writes
+		// The holder extends it every TTL/3 while it works, and releases it
+		// when done; one that dies stops, and the slot comes back at the TTL:
+		// exports.Extend(ctx, "org-42", res.Lease.ID), exports.Release(ctx, "org-42", res.Lease.ID)
+	}
+	// Output:
+	// lease true
+	// lease true
+	// 2 of 2 running; one may end within 30s
+}
+
+func Example_alerts() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated: see the quick start
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	quota, err := pgratelimit.New(pool, pgratelimit.Config{
+		Prefix: "api-calls", Capacity: 1000, Refill: 1000,
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month},
+		// Tell at 80% and 100% of the month's 1000, at 100 left, and at a denial.
+		Alerts: pgratelimit.Alerts{UsedFractions: []float64{0.8, 1}, BalanceAtOrBelow: []int64{100}, Exhausted: true},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Every instance runs a consumer (go consumer.Run(ctx)). Its handler runs in
+	// the transaction that marks the event delivered: with River,
+	// riverClient.InsertTx(ctx, tx, AlertEmailArgs{EventID: e.ID}, nil).
+	consumer, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{
+		Handler: func(ctx context.Context, tx pgx.Tx, e pgratelimit.Event) error {
+			fmt.Println("alert:", e.Key, e.Kind, e.Fraction, e.Level, "balance", e.Balance)
+			return nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, calls := range []int64{700, 150, 100, 100} {
+		if _, err := quota.AllowN(ctx, "customer-42", calls); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if _, err := consumer.RunOnce(ctx); err != nil { // deliver what is due now
+		log.Fatal(err)
+	}
+	// Output:
+	// alert: customer-42 used 0.8 0 balance 150
+	// alert: customer-42 below 0 100 balance 50
+	// alert: customer-42 exhausted 0 0 balance 50
 }

@@ -15,8 +15,8 @@ import (
 
 // compiled are the files, relative to the repository's root, whose code the
 // README's blocks are found in: a block that is a whole program is one of
-// programs; a fragment appears, line for line, in one of fragments (as
-// examples, which compile but do not run).
+// programs; any other (an Example function, or a fragment of one) appears,
+// line for line, in one of fragments. TestREADMERuns runs them.
 var (
 	programs  = []string{"internal/readme/quickstart/main.go"}
 	fragments = []string{

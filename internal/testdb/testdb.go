@@ -225,9 +225,10 @@ func Pool(t testing.TB) *pgxpool.Pool {
 }
 
 // Examples runs m (a test binary's tests and examples) with DATABASE_URL
-// pointing at a fresh schema of the shared server, so that the package's
-// examples (which read DATABASE_URL, as the README's code does) run against
-// a real database and their "Output:" is checked; the schema is dropped
+// pointing at a fresh, migrated schema of the shared server, so that the
+// package's examples (which read DATABASE_URL, as the README's code does,
+// after its quick start has applied the migrations) run against a real
+// database and their "Output:" is checked; the schema is dropped
 // afterwards. Call it from TestMain: testdb.Main(testdb.Examples(m)). When
 // no server can be had, DATABASE_URL is left as it is.
 func Examples(m interface{ Run() int }) interface{ Run() int } { return examples{m} }
@@ -262,6 +263,10 @@ func (e examples) Run() int {
 	q := u.Query()
 	q.Set("search_path", name)
 	u.RawQuery = q.Encode()
+	if err := migrate(ctx, u.String()); err != nil {
+		fmt.Fprintln(os.Stderr, "testdb: examples:", err)
+		return 1
+	}
 	old, had := os.LookupEnv("DATABASE_URL")
 	os.Setenv("DATABASE_URL", u.String())
 	defer func() {
@@ -272,4 +277,16 @@ func (e examples) Run() int {
 		}
 	}()
 	return e.m.Run()
+}
+
+// migrate applies the migrations to the database at url.
+func migrate(ctx context.Context, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return migrations.Up(ctx, db)
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
 
 var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 

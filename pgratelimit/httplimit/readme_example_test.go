@@ -1,12 +1,14 @@
 package httplimit_test
 
-// The README's code, compiled: each fragment below appears in README.md or
-// docs/*.md as it is here (internal/readme's test checks that they match).
+// The README's code: each example below is a block of README.md or
+// docs/*.md as it is here (internal/readme's tests check that they match).
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"time"
@@ -17,16 +19,15 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
-// README, HTTP: a limit per client address behind load balancers.
-func Example_readmeMiddleware() {
-	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+func ExampleMiddleware() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL")) // migrated: see the quick start
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux := http.NewServeMux()
+	defer pool.Close()
 	limiter, err := pgratelimit.New(pool, pgratelimit.Config{
-		Prefix: "api", Capacity: 20, Refill: 1, Interval: time.Second,
-		Storage: pgratelimit.Ephemeral,
+		Prefix: "api", Capacity: 2, Refill: 2, Interval: time.Minute,
+		Storage: pgratelimit.Ephemeral, // request rates: no WAL
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -34,10 +35,21 @@ func Example_readmeMiddleware() {
 	mw := httplimit.Middleware(limiter, httplimit.Options{
 		KeyFunc: httplimit.KeyByIP(httplimit.IPKeyConfig{
 			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, // your load balancers
-			IPv6Prefix:     64,
 		}),
+		Exempt: httplimit.ExemptPaths("/healthz"),
 	})
-	log.Fatal(http.ListenAndServe(":8080", mw(mux)))
+	app := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	// A service serves it: log.Fatal(http.ListenAndServe(":8080", app))
+	for _, path := range []string{"/a", "/b", "/c", "/healthz"} {
+		w := httptest.NewRecorder()
+		app.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+		fmt.Println(path, w.Code, w.Header().Get("RateLimit-Policy"))
+	}
+	// Output:
+	// /a 200 "api";q=2;w=60
+	// /b 200 "api";q=2;w=60
+	// /c 429 "api";q=2;w=60
+	// /healthz 200
 }
 
 // docs/shadow-mode.md: a new limit in shadow mode behind an enforced one.
