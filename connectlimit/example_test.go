@@ -118,4 +118,3 @@ func Example_readme() {
 	// ok
 	// resource_exhausted true
 }
-
