@@ -188,7 +188,7 @@ func TestAllowAllBadInput(t *testing.T) {
 		require.ErrorIs(t, err, tc.want, tc.name)
 		tx, terr := pool.Begin(ctx)
 		require.NoError(t, terr)
-		_, err = pgratelimit.AllowAllTx(ctx, tx, tc.charges...)
+		_, err = pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), tc.charges...)...)
 		require.ErrorIs(t, err, tc.want, tc.name+" (Tx)")
 		require.NoError(t, tx.Rollback(ctx))
 	}
@@ -212,7 +212,7 @@ func TestAllowAllCostsPastInt64(t *testing.T) {
 		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 		tx, terr := pool.Begin(ctx)
 		require.NoError(t, terr)
-		_, err = pgratelimit.AllowAllTx(ctx, tx, charges...)
+		_, err = pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), charges...)...)
 		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 		require.NoError(t, tx.Rollback(ctx))
 	}

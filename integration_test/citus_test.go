@@ -146,7 +146,7 @@ func TestCitusAllowAll(t *testing.T) {
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	m, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Limiter: org, Key: "o2", Cost: 10}, pgratelimit.Charge{Limiter: user, Key: "u2", Cost: 10})
+	m, err := pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), pgratelimit.Charge{Limiter: org, Key: "o2", Cost: 10}, pgratelimit.Charge{Limiter: user, Key: "u2", Cost: 10})...)
 	require.NoError(t, err)
 	require.True(t, m.Allowed)
 	require.NoError(t, tx.Rollback(ctx))

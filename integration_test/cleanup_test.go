@@ -333,7 +333,7 @@ func TestIdleKeysUpdateInPlace(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	for i := range 100 { // every tenth row: a page has room for a few new versions, not for a hundred
-		r, err := l.AllowNTx(ctx, tx, fmt.Sprintf("k%d", 1+10*i), 1)
+		r, err := l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, fmt.Sprintf("k%d", 1+10*i), 1)
 		require.NoError(t, err)
 		require.True(t, r.Allowed)
 		require.Equal(t, int64(9), r.Remaining, "an expired row reads as a full bucket")

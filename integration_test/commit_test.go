@@ -66,9 +66,9 @@ BEGIN INSERT INTO commit_log VALUES (NEW.prefix, current_setting('synchronous_co
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = local`)
 	require.NoError(t, err)
-	_, err = async.AllowNTx(ctx, tx, "caller", 1)
+	_, err = async.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "caller", 1)
 	require.NoError(t, err)
-	_, err = async.AllowNTx(ctx, tx, "caller", 1)
+	_, err = async.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "caller", 1)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 

@@ -30,7 +30,7 @@ func TestHeldRowStallsOnlyItsKey(t *testing.T) {
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(ctx) }()
-			r, err := l.AllowNTx(ctx, tx, "locked", 1) // a new key: its row is inserted, uncommitted
+			r, err := l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "locked", 1) // a new key: its row is inserted, uncommitted
 			require.NoError(t, err)
 			require.True(t, r.Allowed)
 
@@ -83,7 +83,7 @@ func TestLockTimeoutOnHeldRow(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }() // on a failure too: the schema's DROP would wait for it
-	_, err = l.AllowNTx(ctx, tx, "locked", 1)
+	_, err = l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "locked", 1)
 	require.NoError(t, err)
 	_, err = l.AllowN(ctx, "locked", 1)
 	require.ErrorIs(t, err, pgratelimit.ErrLockTimeout)
@@ -107,7 +107,7 @@ func TestAllowNTxGridStartsAtTheCheck(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1`) // the transaction starts now()
 	require.NoError(t, err)
 	time.Sleep(1200 * time.Millisecond)
-	r, err := l.AllowNTx(ctx, tx, "new", 1)
+	r, err := l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "new", 1)
 	require.NoError(t, err)
 	require.True(t, r.Allowed)
 	var at time.Time

@@ -168,7 +168,7 @@ func TestBackendTerminated(t *testing.T) {
 	// In the caller's transaction: terminated before commit, nothing spent.
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	r, err := l.AllowNTx(ctx, tx, "k", 5)
+	r, err := l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "k", 5)
 	require.NoError(t, err)
 	require.True(t, r.Allowed)
 	var txPid int

@@ -143,7 +143,7 @@ func TestGoldenStatements(t *testing.T) {
 	step("a check in the caller's pgx transaction", func() {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		ok(one.AllowNTx(ctx, tx, "tx", 1))
+		ok(one.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "tx", 1))
 		require.NoError(t, tx.Commit(ctx))
 	})
 	step("a check in the caller's database/sql transaction", func() {
@@ -151,7 +151,7 @@ func TestGoldenStatements(t *testing.T) {
 		defer db.Close()
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{})
 		require.NoError(t, err)
-		ok(one.AllowNSQLTx(ctx, tx, "sqltx", 1))
+		ok(one.In(pgratelimit.SQLTx(tx)).AllowN(ctx, "sqltx", 1))
 		require.NoError(t, tx.Commit())
 	})
 	step("cleanup", func() { ok(pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock})) })

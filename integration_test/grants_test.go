@@ -223,7 +223,7 @@ func TestGrantsInCallerTransactions(t *testing.T) {
 	}
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = l.GrantTx(ctx, tx, "bought", 100, time.Time{})
+	_, err = l.In(pgratelimit.PgxTx(tx)).Grant(ctx, "bought", 100, time.Time{})
 	require.NoError(t, err)
 	require.NoError(t, tx.Rollback(ctx))
 	p, err := l.Peek(ctx, "bought")

@@ -66,7 +66,7 @@ func TestBadInputNeverReachesTheDatabase(t *testing.T) {
 		t.Run("key "+name, func(t *testing.T) {
 			_, err := l.Allow(ctx, key)
 			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
-			_, err = l.AllowNTx(ctx, nil, key, 1)
+			_, err = l.In(pgratelimit.PgxTx(nil)).AllowN(ctx, key, 1)
 			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
 			_, err = l.Peek(ctx, key)
 			require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
@@ -78,7 +78,7 @@ func TestBadInputNeverReachesTheDatabase(t *testing.T) {
 	for _, cost := range []int64{0, -1, -1 << 63} {
 		_, err := l.AllowN(ctx, "k", cost)
 		require.ErrorIs(t, err, pgratelimit.ErrInvalidCost, "cost %d", cost)
-		_, err = l.AllowNTx(ctx, nil, "k", cost)
+		_, err = l.In(pgratelimit.PgxTx(nil)).AllowN(ctx, "k", cost)
 		require.ErrorIs(t, err, pgratelimit.ErrInvalidCost, "cost %d", cost)
 		_, err = l.Refund(ctx, "k", cost)
 		require.ErrorIs(t, err, pgratelimit.ErrInvalidCost, "refund %d", cost)
@@ -86,7 +86,7 @@ func TestBadInputNeverReachesTheDatabase(t *testing.T) {
 	for _, cost := range []int64{11, 1 << 62, 1<<63 - 1} {
 		_, err := l.AllowN(ctx, "k", cost)
 		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity, "cost %d", cost)
-		_, err = l.AllowNTx(ctx, nil, "k", cost)
+		_, err = l.In(pgratelimit.PgxTx(nil)).AllowN(ctx, "k", cost)
 		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity, "cost %d", cost)
 	}
 	// And the same limiter does reach out for a valid input: proof the pool
@@ -146,7 +146,7 @@ func TestNotMigrated(t *testing.T) {
 		require.ErrorIs(t, l.Reset(ctx, "k"), pgratelimit.ErrNotMigrated)
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
-		_, err = l.AllowNTx(ctx, tx, "k", 1)
+		_, err = l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "k", 1)
 		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
 		require.NoError(t, tx.Rollback(ctx))
 		if errors.Is(err, pgratelimit.ErrNotMigrated) {
@@ -164,16 +164,22 @@ func TestNilTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	l := newLimiter(t, pgratelimit.Config{Prefix: "niltx", Capacity: 10, Refill: 1, Interval: time.Second, Grants: true})
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	_, err := l.AllowNTx(ctx, nil, "k", 1)
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	_, err = pgratelimit.AllowAllTx(ctx, nil, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	_, err = l.GrantTx(ctx, nil, "k", 5, time.Time{})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	_, err = l.AllowNSQLTx(ctx, nil, "k", 1)
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	_, err = pgratelimit.AllowAllSQLTx(ctx, nil, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	_, err = l.GrantSQLTx(ctx, nil, "k", 5, time.Time{})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 }

@@ -217,6 +217,7 @@ func TestLeaseInTransaction(t *testing.T) {
 	// rolled back, no lease.
 	tx, err = pool.Begin(ctx)
 	require.NoError(t, err)
+	//lint:ignore SA1019 the deprecated wrapper stays tested
 	m, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Semaphore: s, Key: "all", Cost: 1})
 	require.NoError(t, err)
 	require.True(t, m.Allowed)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/lib/pq" // the "postgres" database/sql driver
@@ -40,10 +42,10 @@ func drivers(t *testing.T, s *testdb.Schema, pool *pgxpool.Pool) []driver {
 			t.Cleanup(func() { _ = tx.Rollback() })
 			return callerTx{
 				allowN: func(l *pgratelimit.Limiter, key string, cost int64) (pgratelimit.Result, error) {
-					return l.AllowNSQLTx(ctx, tx, key, cost)
+					return l.In(pgratelimit.SQLTx(tx)).AllowN(ctx, key, cost)
 				},
 				allowAll: func(cs ...pgratelimit.Charge) (pgratelimit.MultiResult, error) {
-					return pgratelimit.AllowAllSQLTx(ctx, tx, cs...)
+					return pgratelimit.AllowAll(ctx, inTx(pgratelimit.SQLTx(tx), cs...)...)
 				},
 				exec:     func(q string) error { _, err := tx.ExecContext(ctx, q); return err },
 				commit:   tx.Commit,
@@ -63,10 +65,10 @@ func drivers(t *testing.T, s *testdb.Schema, pool *pgxpool.Pool) []driver {
 			t.Cleanup(func() { _ = tx.Rollback(ctx) })
 			return callerTx{
 				allowN: func(l *pgratelimit.Limiter, key string, cost int64) (pgratelimit.Result, error) {
-					return l.AllowNTx(ctx, tx, key, cost)
+					return l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, key, cost)
 				},
 				allowAll: func(cs ...pgratelimit.Charge) (pgratelimit.MultiResult, error) {
-					return pgratelimit.AllowAllTx(ctx, tx, cs...)
+					return pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), cs...)...)
 				},
 				exec:     func(q string) error { _, err := tx.Exec(ctx, q); return err },
 				commit:   func() error { return tx.Commit(ctx) },
@@ -225,7 +227,7 @@ func TestLockTimeoutThroughEveryDriver(t *testing.T) {
 	holder, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = l.AllowNTx(ctx, holder, "held", 1)
+	_, err = l.In(pgratelimit.PgxTx(holder)).AllowN(ctx, "held", 1)
 	require.NoError(t, err)
 	for _, d := range drivers(t, s, pool) {
 		tx := d.begin(t)
@@ -238,5 +240,79 @@ func TestLockTimeoutThroughEveryDriver(t *testing.T) {
 		_, err := tx.allowN(l, "held", 1)
 		require.ErrorIs(t, err, pgratelimit.ErrLockTimeout, d.name)
 		require.NoError(t, tx.rollback(), d.name)
+	}
+}
+
+// inTx is charges with the first one's limiter (or semaphore) running in tx,
+// which makes AllowAll run there.
+func inTx(tx pgratelimit.Tx, charges ...pgratelimit.Charge) []pgratelimit.Charge {
+	cs := slices.Clone(charges)
+	if len(cs) > 0 && cs[0].Limiter != nil {
+		cs[0].Limiter = cs[0].Limiter.In(tx)
+	} else if len(cs) > 0 && cs[0].Semaphore != nil {
+		cs[0].Semaphore = cs[0].Semaphore.In(tx)
+	}
+	return cs
+}
+
+// The deprecated functions of the caller's transaction still work as In
+// does: charged on commit, nothing on rollback, with either driver.
+func TestDeprecatedTxFunctions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "deprecated", Capacity: 100, Refill: 1, Interval: time.Hour, Grants: true})
+	require.NoError(t, err)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	calls := map[string]func(pgx.Tx, *sql.Tx) error{
+		"AllowNTx": func(tx pgx.Tx, _ *sql.Tx) error {
+			_, err := l.AllowNTx(ctx, tx, "k", 1) //lint:ignore SA1019 the deprecated function stays tested
+			return err
+		},
+		"AllowNSQLTx": func(_ pgx.Tx, tx *sql.Tx) error {
+			_, err := l.AllowNSQLTx(ctx, tx, "k", 1) //lint:ignore SA1019 the deprecated function stays tested
+			return err
+		},
+		"AllowAllTx": func(tx pgx.Tx, _ *sql.Tx) error {
+			_, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}) //lint:ignore SA1019 the deprecated function stays tested
+			return err
+		},
+		"AllowAllSQLTx": func(_ pgx.Tx, tx *sql.Tx) error {
+			_, err := pgratelimit.AllowAllSQLTx(ctx, tx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}) //lint:ignore SA1019 the deprecated function stays tested
+			return err
+		},
+		"GrantTx": func(tx pgx.Tx, _ *sql.Tx) error {
+			_, err := l.GrantTx(ctx, tx, "k", 1, time.Time{}) //lint:ignore SA1019 the deprecated function stays tested
+			return err
+		},
+		"GrantSQLTx": func(_ pgx.Tx, tx *sql.Tx) error {
+			_, err := l.GrantSQLTx(ctx, tx, "k", 1, time.Time{}) //lint:ignore SA1019 the deprecated function stays tested
+			return err
+		},
+	}
+	balance := func() int64 {
+		r, err := l.Peek(ctx, "k")
+		require.NoError(t, err)
+		return r.Remaining + r.Granted
+	}
+	for name, call := range calls {
+		for _, commit := range []bool{false, true} {
+			before := balance()
+			ptx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			stx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			require.NoError(t, call(ptx, stx), name)
+			if commit {
+				require.NoError(t, ptx.Commit(ctx))
+				require.NoError(t, stx.Commit())
+				require.NotEqual(t, before, balance(), "%s committed: the balance changed", name)
+			} else {
+				require.NoError(t, ptx.Rollback(ctx))
+				require.NoError(t, stx.Rollback())
+				require.Equal(t, before, balance(), "%s rolled back: nothing changed", name)
+			}
+		}
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -104,7 +103,11 @@ replace github.com/pgratelimit/pgratelimit => %s
 	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return scratchModule{dir: dir, goBin: filepath.Join(runtime.GOROOT(), "bin", "go")}
+	goBin, err := exec.LookPath("go") // go test puts its own go first on PATH
+	if err != nil {
+		t.Fatalf("the go command: %v", err)
+	}
+	return scratchModule{dir: dir, goBin: goBin}
 }
 
 // run writes code as package sub of the module and runs it.
