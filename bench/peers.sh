@@ -8,12 +8,17 @@
 #   RUNS=3 bench/peers.sh                            # medians of 3 interleaved runs
 #   LATENCY_MS=1 bench/peers.sh 64 1 8 logged        # every response delayed 1 ms
 #   OURS_BIN=/path/to/pgratelimit bench/peers.sh     # a CLI built elsewhere (OURS_FLAGS: extra flags)
+#   WORKLOAD=leases bench/peers.sh                   # only the leases: 10,000 keys and one hot key
+#   bench/peers.sh 64 1 8 logged leases redis_sem    # one scenario of leases, two contenders
 #
-# Contenders: coalesce per-check (ours), async (ours_async: coalesce with --commit async,
+# Two workloads, both run by default (WORKLOAD=checks or leases: one of them).
+# Checks: coalesce per-check (ours), async (ours_async: coalesce with --commit async,
 # Config.AsyncCommit), tx pipelined upsert (pgbench), rlf, redis_rate.
+# Leases, 1 of 8 units per key acquired and released at once: leases leases-per-check
+# (ours_leases: pgratelimit bench --leases), redis_sem (a Redis counting semaphore).
 # It installs what is missing (Debian's postgresql, redis-server, nodejs and npm; the npm
 # packages of bench/rlf; the Go modules of bench/), builds this repository's CLI and the
-# redis_rate contender, then runs the harness, `pgratelimit bench peers` (the CLI's
+# redis_rate and redis_sem contenders, then runs the harness, `pgratelimit bench peers` (the CLI's
 # cmd/pgratelimit/internal/bench/peers): a throwaway PostgreSQL and Redis on loopback,
 # stopped and removed at the end, on Ctrl-C too. Results: a markdown table per scenario
 # on stdout, and bench/results/peers-<time>.{md,json}. See bench/README.md.
@@ -44,8 +49,13 @@ for t in initdb pg_ctl postgres pgbench psql; do
   [ -n "$pgbin" ] && [ -x "$pgbin/$t" ] || { need+=(postgresql); break; }
 done
 command -v redis-server >/dev/null || need+=(redis-server)
-command -v node >/dev/null || need+=(nodejs)
-command -v npm >/dev/null || need+=(npm)
+# Node runs rate-limiter-flexible, a contender of checks only.
+node=true
+[ "${WORKLOAD:-}" = leases ] && node=false
+if $node; then
+  command -v node >/dev/null || need+=(nodejs)
+  command -v npm >/dev/null || need+=(npm)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "missing: ${need[*]}; install them (sudo apt-get install ${need[*]}) or run this as root"
@@ -62,17 +72,18 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # 2. rate-limiter-flexible and node-postgres, as locked in bench/rlf/package-lock.json.
-if [ ! -f "$here/rlf/node_modules/.package-lock.json" ] ||
-   [ "$here/rlf/package-lock.json" -nt "$here/rlf/node_modules/.package-lock.json" ]; then
+if $node && { [ ! -f "$here/rlf/node_modules/.package-lock.json" ] ||
+   [ "$here/rlf/package-lock.json" -nt "$here/rlf/node_modules/.package-lock.json" ]; }; then
   log "npm ci in bench/rlf"
   (cd "$here/rlf" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 
 # 3. This repository's CLI (through go.work, so the library in this tree), which holds
-#    the harness and pgratelimit's own contender (`pgratelimit bench`), and the redis_rate
-#    contender (bench/'s own module: go-redis stays out of the library's go.mod).
-# OURS_BIN=path runs the contenders coalesce and per-check with a pgratelimit binary
-# built elsewhere (another commit, say); the harness is this tree's.
+#    the harness and pgratelimit's own contenders (`pgratelimit bench`), and the redis_rate
+#    and redis_sem contenders (bench/'s own module: go-redis stays out of the library's go.mod).
+# OURS_BIN=path runs the contenders of pgratelimit (coalesce, per-check, async, leases,
+# leases-per-check) with a pgratelimit binary built elsewhere (another commit, say); the
+# harness is this tree's.
 mkdir -p "$here/.bin"
 log "building ./cmd/pgratelimit"
 (cd "$root" && go build -o "$here/.bin/pgratelimit" ./cmd/pgratelimit)
@@ -81,8 +92,8 @@ if [ -n "${OURS_BIN:-}" ]; then
   log "pgratelimit contenders: $OURS_BIN"
   ours=(--ours "$(cd "$(dirname "$OURS_BIN")" && pwd)/$(basename "$OURS_BIN")")
 fi
-log "building bench/redisrate"
-(cd "$here" && GOWORK=off go build -o "$here/.bin/" ./redisrate)
+log "building bench/redisrate and bench/redissem"
+(cd "$here" && GOWORK=off go build -o "$here/.bin/" ./redisrate ./redissem)
 
 # 4. Run. The harness owns the servers from here on (and stops them on Ctrl-C).
 exec "$here/.bin/pgratelimit" bench peers --root "$root" --pgbin "$pgbin" --bindir "$here/.bin" "${ours[@]}" "$@"

@@ -64,7 +64,7 @@ func peersCommand() command {
 	return command{
 		name:    "bench peers",
 		args:    peers.Args,
-		summary: "compare pgratelimit's bench with pgbench, rate-limiter-flexible and redis_rate on a throwaway PostgreSQL and Redis, and write the tables to bench/results",
+		summary: "compare pgratelimit's bench with pgbench, rate-limiter-flexible and redis_rate, and its leases with a Redis counting semaphore, on a throwaway PostgreSQL and Redis, and write the tables to bench/results",
 		more:    peers.Help(),
 	}
 }

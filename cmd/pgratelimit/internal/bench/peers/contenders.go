@@ -17,40 +17,68 @@ import (
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
 )
 
-// contender is one way of doing the checks. command returns the process to
-// run (it must not start it) and how to read its stdout; tmp is a scratch
-// directory for the run.
+// contender is one way of doing the checks (or the leases) of a workload.
+// command returns the process to run (it must not start it) and how to read
+// its stdout; tmp is a scratch directory for the run.
 type contender struct {
-	Name    string
-	Server  string // postgres or redis: whose CPU is the server's
-	label   func(e *env) string
-	command func(ctx context.Context, e *env, s scenario, tmp string) (*exec.Cmd, func(stdout string) (outcome, error))
+	Name     string
+	Workload string // checks or leases
+	Server   string // postgres or redis: whose CPU is the server's
+	label    func(e *env) string
+	command  func(ctx context.Context, e *env, s scenario, tmp string) (*exec.Cmd, func(stdout string) (outcome, error))
 }
 
 // contenders lists every contender, in the tables' order.
 func contenders() []contender {
+	redis := func(what string) func(*env) string {
+		return func(e *env) string {
+			return strings.TrimSpace(what + " on Redis " + shortVersion(e.version("redis-server", "--version")))
+		}
+	}
 	return []contender{
-		{Name: "coalesce", Server: "postgres", label: fixed("pgratelimit, coalescing (default)"), command: ours("coalesce")},
-		{Name: "per-check", Server: "postgres", label: fixed("pgratelimit, per-check (`DisableCoalescing`)"), command: ours("per-check")},
-		{Name: "async", Server: "postgres", label: fixed("pgratelimit, coalescing, asynchronous commit (`AsyncCommit`)"), command: ours("coalesce", "--commit", "async")},
-		{Name: "tx", Server: "postgres", label: fixed("pgbench: per-check transaction, 5 round trips"), command: pgbench("tx")},
-		{Name: "pipelined", Server: "postgres", label: fixed("pgbench: per-check transaction, pipelined (2 round trips)"), command: pgbench("pipelined")},
-		{Name: "upsert", Server: "postgres", label: fixed("pgbench: one upsert per check"), command: pgbench("upsert")},
-		{Name: "rlf", Server: "postgres", label: func(e *env) string {
+		{Name: "coalesce", Workload: checks, Server: "postgres", label: fixed("pgratelimit, coalescing (default)"), command: ours("coalesce")},
+		{Name: "per-check", Workload: checks, Server: "postgres", label: fixed("pgratelimit, per-check (`DisableCoalescing`)"), command: ours("per-check")},
+		{Name: "async", Workload: checks, Server: "postgres", label: fixed("pgratelimit, coalescing, asynchronous commit (`AsyncCommit`)"), command: ours("coalesce", "--commit", "async")},
+		{Name: "tx", Workload: checks, Server: "postgres", label: fixed("pgbench: per-check transaction, 5 round trips"), command: pgbench("tx")},
+		{Name: "pipelined", Workload: checks, Server: "postgres", label: fixed("pgbench: per-check transaction, pipelined (2 round trips)"), command: pgbench("pipelined")},
+		{Name: "upsert", Workload: checks, Server: "postgres", label: fixed("pgbench: one upsert per check"), command: pgbench("upsert")},
+		{Name: "rlf", Workload: checks, Server: "postgres", label: func(e *env) string {
 			return strings.TrimSpace("rate-limiter-flexible " + e.npmVersion("rate-limiter-flexible") + ", PostgreSQL store")
 		}, command: rlf},
-		{Name: "redis_rate", Server: "redis", label: func(e *env) string {
-			return strings.TrimSpace("redis_rate v10 on Redis " + shortVersion(e.version("redis-server", "--version")))
-		}, command: redisRate},
+		{Name: "redis_rate", Workload: checks, Server: "redis", label: redis("redis_rate v10"), command: redisRate},
+		{Name: "leases", Workload: leases, Server: "postgres", label: fixed("pgratelimit `Semaphore`, coalescing (default)"), command: ours("coalesce", "--leases")},
+		{Name: "leases-per-check", Workload: leases, Server: "postgres", label: fixed("pgratelimit `Semaphore`, per-check (`DisableCoalescing`)"), command: ours("per-check", "--leases")},
+		{Name: "redis_sem", Workload: leases, Server: "redis", label: redis("counting semaphore (sorted set + Lua)"), command: redisSem},
 	}
 }
 
-func contenderNames() []string {
+// contenderNames are the names of the contenders of workload (all when
+// "").
+func contenderNames(workload string) []string {
 	var n []string
-	for _, c := range contenders() {
+	for _, c := range contendersOfWorkload(workload) {
 		n = append(n, c.Name)
 	}
 	return n
+}
+
+// contendersOfWorkload are the contenders of workload (all when "").
+func contendersOfWorkload(workload string) []contender {
+	if workload == "" {
+		return contenders()
+	}
+	return contendersOf(contenders(), workload)
+}
+
+// contendersOf are those of cs of workload.
+func contendersOf(cs []contender, workload string) []contender {
+	var out []contender
+	for _, c := range cs {
+		if c.Workload == workload {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func contenderByName(name string) (contender, bool) {
@@ -70,11 +98,12 @@ func withEnv(cmd *exec.Cmd, kv ...string) *exec.Cmd {
 }
 
 // ours: pgratelimit's own load benchmark, `pgratelimit bench --json` (package
-// bench) in mode, with the flags extra (async: --commit async), run by the
-// binary --ours names (this one by default). Its workers call
-// Limiter.AllowN in the same process; logged tables are the durable storage,
-// unlogged the ephemeral one. OURS_FLAGS adds flags (for example
-// --coalesce-conns 4).
+// bench) in mode, with the flags extra (async: --commit async; leases:
+// --leases, with --lease-max of the scenario), run by the binary --ours names
+// (this one by default). Its workers call Limiter.AllowN (with --leases,
+// Semaphore.Acquire and Release) in the same process; logged tables are the
+// durable storage, unlogged the ephemeral one. OURS_FLAGS adds flags (for
+// example --coalesce-conns 4).
 func ours(mode string, extra ...string) func(context.Context, *env, scenario, string) (*exec.Cmd, func(string) (outcome, error)) {
 	return func(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, func(string) (outcome, error)) {
 		storage := "durable"
@@ -85,8 +114,12 @@ func ours(mode string, extra ...string) func(context.Context, *env, scenario, st
 			"--keys", strconv.Itoa(s.Keys), "--duration", strconv.Itoa(s.Secs) + "s",
 			"--storage", storage, "--mode", mode, "--json"}
 		args = append(args, extra...)
+		parse := parseResultLine
+		if s.Workload == leases {
+			args, parse = append(args, "--lease-max", strconv.Itoa(s.LeaseMax)), parseLeaseLine
+		}
 		args = append(args, e.oursFlags...)
-		return command(ctx, e.ours, args...), parseResultLine
+		return command(ctx, e.ours, args...), parse
 	}
 }
 
@@ -203,6 +236,14 @@ func redisRate(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, fu
 	return withEnv(cmd, "REDIS_ADDR="+e.redisAddr), parseResultLine
 }
 
+// redisSem: the usual Redis counting semaphore (bench/redissem): a sorted
+// set per key, a Lua script to acquire, ZREM to release. Without
+// persistence, as redis_rate.
+func redisSem(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, func(string) (outcome, error)) {
+	cmd := command(ctx, filepath.Join(e.bindir, "redissem"), strconv.Itoa(s.Conc), strconv.Itoa(s.Keys), strconv.Itoa(s.Secs), strconv.Itoa(s.LeaseMax))
+	return withEnv(cmd, "REDIS_ADDR="+e.redisAddr), parseLeaseLine
+}
+
 // resultLine is a contender's JSON line: pgratelimit bench's Report, whose
 // checks are the allowed and the denied, or the line of redisrate and
 // rlf/bench.js, which count them (checks) and their time (elapsed_s).
@@ -240,5 +281,35 @@ func parseResultLine(stdout string) (outcome, error) {
 		o.Extra = map[string]any{"audit": r.Audit, "hot_update_ratio": r.HotRatio, "updates": r.Updates,
 			"max_ms": r.MaxMs, "allowed": r.Allowed, "denied": r.Denied}
 	}
+	return o, nil
+}
+
+// parseLeaseLine reads the last JSON line of stdout of a contender of
+// leases, pgratelimit bench --leases's Report or redissem's line, whose
+// unit is the acquire+release pair: pairs, pairs_per_sec, the pairs' p50_ms
+// and p99_ms, denied (acquisitions that found no free units), errors,
+// audit, and elapsed_s (redissem's).
+func parseLeaseLine(stdout string) (outcome, error) {
+	var line string
+	for _, l := range strings.Split(stdout, "\n") {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, "{") {
+			line = l
+		}
+	}
+	if line == "" {
+		return outcome{}, errors.New("no JSON result line on stdout")
+	}
+	var r resultLine
+	if err := json.Unmarshal([]byte(line), &r); err != nil {
+		return outcome{}, fmt.Errorf("result line %q: %w", line, err)
+	}
+	if r.Pairs == 0 && r.PairsPerSec == 0 && r.Denied == 0 {
+		return outcome{}, fmt.Errorf("result line %q: no pairs (is it a contender of leases?)", line)
+	}
+	o := outcome{Checks: r.Pairs, Denied: r.Denied, Errors: r.Errors, ElapsedS: r.ElapsedS, ChecksPerSec: r.PairsPerSec, P50ms: r.P50ms, P99ms: r.P99ms}
+	if o.ElapsedS == 0 && o.ChecksPerSec > 0 {
+		o.ElapsedS = float64(o.Checks) / o.ChecksPerSec
+	}
+	o.Extra = map[string]any{"audit": r.Audit, "max_ms": r.MaxMs, "denied": r.Denied}
 	return o, nil
 }

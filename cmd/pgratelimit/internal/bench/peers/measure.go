@@ -12,10 +12,13 @@ import (
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench/cpu"
 )
 
-// result is one run of one contender.
+// result is one run of one contender. In the workload of leases, its checks
+// are acquire+release pairs (Denied: the acquisitions that found no free
+// units), and its figures per check are per pair.
 type result struct {
 	Run          int     `json:"run,omitempty"`
 	Checks       int64   `json:"checks"`
+	Denied       int64   `json:"denied,omitempty"` // acquisitions that found no free units (leases)
 	Errors       int64   `json:"errors"`
 	ElapsedS     float64 `json:"elapsed_s"`
 	ChecksPerSec float64 `json:"checks_per_sec"`
@@ -36,9 +39,11 @@ type result struct {
 	Error     string         `json:"error,omitempty"`
 }
 
-// outcome is what a contender reports of itself.
+// outcome is what a contender reports of itself. In the workload of
+// leases, a check is an acquire+release pair.
 type outcome struct {
 	Checks       int64
+	Denied       int64
 	Errors       int64
 	ElapsedS     float64
 	ChecksPerSec float64
@@ -143,7 +148,7 @@ func (e *env) measure(ctx context.Context, c contender, s scenario) (res result)
 			return res
 		}
 	}
-	res.Checks, res.Errors, res.Extra = out.Checks, out.Errors, out.Extra
+	res.Checks, res.Denied, res.Errors, res.Extra = out.Checks, out.Denied, out.Errors, out.Extra
 	res.ElapsedS = round(out.ElapsedS, 2)
 	res.ChecksPerSec = round(out.ChecksPerSec, 0)
 	res.P50ms, res.P99ms = round(out.P50ms, 3), round(out.P99ms, 3)

@@ -1,14 +1,19 @@
 // Package peers is the peer benchmark, `pgratelimit bench peers`, which
 // bench/peers.sh (make bench-peers) builds and runs; bench/README.md says
 // what it measures and how. It starts a throwaway PostgreSQL and Redis on
-// loopback, runs each contender on the same workload, one after the other
-// (pgratelimit's own load benchmark, `pgratelimit bench --json`, as the
-// contenders coalesce, per-check and async, which is coalesce with
-// --commit async; pgbench's scripts; rate-limiter-flexible; redis_rate),
+// loopback, runs each contender on the same workload, one after the other,
 // measures the CPU each check cost in the server and in the client with
 // package cpu, prints a markdown table per scenario and writes every figure
 // to a JSON file. Whatever happens (an error, Ctrl-C), it stops
 // the servers and removes their files.
+//
+// Two workloads: checks of a rate limiter (pgratelimit's own load
+// benchmark, `pgratelimit bench --json`, as the contenders coalesce,
+// per-check and async, which is coalesce with --commit async; pgbench's
+// scripts; rate-limiter-flexible; redis_rate), and concurrency leases,
+// acquired and released at once (`pgratelimit bench --leases --json` as the
+// contenders leases and leases-per-check; redis_sem, a Redis counting
+// semaphore), whose unit is the acquire+release pair.
 package peers
 
 import (
@@ -38,11 +43,12 @@ type Options struct {
 	// PGBin holds PostgreSQL's binaries: initdb, pg_ctl, postgres,
 	// pgbench, psql (--pgbin; default: those on PATH).
 	PGBin string
-	// BinDir holds the redisrate contender, built by peers.sh (--bindir;
-	// default ROOT/bench/.bin).
+	// BinDir holds the redisrate and redissem contenders, built by
+	// peers.sh (--bindir; default ROOT/bench/.bin).
 	BinDir string
 	// Ours is the pgratelimit binary whose bench command the contenders
-	// coalesce, per-check and async run (--ours; default: this one).
+	// coalesce, per-check, async, leases and leases-per-check run (--ours;
+	// default: this one).
 	Ours string
 
 	// Runs is how many times each contender runs, interleaved; the tables
@@ -56,6 +62,10 @@ type Options struct {
 	OutDir string
 	// OursFlags are extra flags for the bench command of ours ($OURS_FLAGS).
 	OursFlags []string
+	// Workload is the workload the default scenarios run, and the one of a
+	// scenario given as arguments: checks, leases, or both when empty
+	// ($WORKLOAD; all: both).
+	Workload string
 
 	// Stdout receives the tables, Stderr the progress.
 	Stdout, Stderr io.Writer
@@ -68,11 +78,12 @@ const Args = "[CONC KEYS SECS logged|unlogged [contender ...]]"
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Root, "root", ".", "the repository's root (bench/pgbench and bench/rlf are read from there)")
 	fs.StringVar(&o.PGBin, "pgbin", "", "PostgreSQL's binaries: initdb, pg_ctl, postgres, pgbench, psql (default: those on PATH)")
-	fs.StringVar(&o.BinDir, "bindir", "", "where peers.sh put the redisrate contender (default ROOT/bench/.bin)")
-	fs.StringVar(&o.Ours, "ours", "", "the pgratelimit binary that the contenders coalesce, per-check and async run (default: this one)")
+	fs.StringVar(&o.BinDir, "bindir", "", "where peers.sh put the redisrate and redissem contenders (default ROOT/bench/.bin)")
+	fs.StringVar(&o.Ours, "ours", "", "the pgratelimit binary that the contenders coalesce, per-check, async, leases and leases-per-check run (default: this one)")
 }
 
-// FromEnv reads RUNS, LATENCY_MS, BENCH_OUT and OURS_FLAGS with getenv.
+// FromEnv reads RUNS, LATENCY_MS, BENCH_OUT, OURS_FLAGS and WORKLOAD with
+// getenv.
 func (o *Options) FromEnv(getenv func(string) string) error {
 	envInt := func(name string, def int) (int, error) {
 		if v := getenv(name); v != "" {
@@ -91,6 +102,14 @@ func (o *Options) FromEnv(getenv func(string) string) error {
 	o.Runs, o.Latency = runs, time.Duration(latency)*time.Millisecond
 	o.OutDir = getenv("BENCH_OUT")
 	o.OursFlags = strings.Fields(getenv("OURS_FLAGS"))
+	switch w := getenv("WORKLOAD"); w {
+	case "", "all":
+		o.Workload = ""
+	case checks, leases:
+		o.Workload = w
+	default:
+		return clierr.Usagef("WORKLOAD must be checks, leases or all, got %q", w)
+	}
 	return nil
 }
 
@@ -98,14 +117,19 @@ func (o *Options) FromEnv(getenv func(string) string) error {
 // the command's --help.
 func Help() string {
 	return fmt.Sprintf(`With no arguments, it runs every contender in the default scenarios:
-%sContenders: %s
+%sContenders of checks: %s
   (ours = coalesce per-check; async = coalesce with --commit async, also called
   ours_async; pgbench = tx pipelined upsert)
+Contenders of leases (a lease of 1 of %d units per key, acquired and released at once):
+  %s  (ours_leases = leases leases-per-check)
+A scenario given as arguments runs the contenders named (all, or WORKLOAD's, when none
+is), once for each workload among them.
 Environment: RUNS=N (medians of N interleaved runs), LATENCY_MS=N (every response
 from PostgreSQL and Redis delayed N ms), BENCH_OUT=DIR (result files; default
-bench/results), OURS_FLAGS (extra flags for ours' bench command).
+bench/results), OURS_FLAGS (extra flags for ours' bench command), WORKLOAD=checks,
+leases or all (the default: both).
 Run it through bench/peers.sh (make bench-peers), which installs and builds what it needs.
-`, describeScenarios(defaultScenarios()), strings.Join(contenderNames(), " "))
+`, describeScenarios(defaultScenarios("")), strings.Join(contenderNames(checks), " "), leaseMax, strings.Join(contenderNames(leases), " "))
 }
 
 // Run runs the contenders args name (all of them by default) in the
@@ -115,7 +139,7 @@ Run it through bench/peers.sh (make bench-peers), which installs and builds what
 // scenario, and returns ctx's error when interrupted (SIGHUP too), after
 // stopping the servers and writing what was measured.
 func Run(ctx context.Context, o Options, args []string) error {
-	scenarios, cs, err := parseArgs(args)
+	scenarios, cs, err := parseArgs(args, o.Workload)
 	if err != nil {
 		return err
 	}
@@ -153,7 +177,7 @@ func (o Options) oursBinary() (string, error) {
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("finding this executable, for the contenders coalesce, per-check and async (give --ours): %w", err)
+		return "", fmt.Errorf("finding this executable, for the contenders of pgratelimit (give --ours): %w", err)
 	}
 	return self, nil
 }
@@ -181,8 +205,9 @@ func (o Options) finish(ctx context.Context, rep *report, runErr error) error {
 	return nil
 }
 
-// runAll starts the servers, runs every contender runs times in each
-// scenario, prints each scenario's table, and stops the servers.
+// runAll starts the servers, runs every contender of each scenario's
+// workload runs times in it, prints each scenario's table, and stops the
+// servers.
 func (e *env) runAll(ctx context.Context, o Options, rep *report, scenarios []scenario, cs []contender) error {
 	defer e.stop()
 	if err := e.start(ctx, scenarios, cs); err != nil {
@@ -192,33 +217,12 @@ func (e *env) runAll(ctx context.Context, o Options, rep *report, scenarios []sc
 	for _, c := range cs {
 		rep.Contenders[c.Name] = c.label(e)
 	}
-	total, n := len(scenarios)*o.Runs*len(cs), 0
+	p := progress{total: 0}
 	for _, s := range scenarios {
-		sr := scenarioReport{Scenario: s}
-		for _, c := range cs {
-			sr.Results = append(sr.Results, contenderReport{Contender: c.Name, Label: c.label(e)})
-		}
-		for r := 1; r <= o.Runs && ctx.Err() == nil; r++ {
-			for i, c := range cs {
-				if ctx.Err() != nil {
-					break
-				}
-				n++
-				fmt.Fprintf(o.Stderr, "[%d/%d] %s: %s (run %d of %d) ... ", n, total, s.short(), c.Name, r, o.Runs)
-				res := e.measure(ctx, c, s)
-				res.Run = r
-				if res.Error != "" {
-					fmt.Fprintf(o.Stderr, "FAILED: %s\n", res.Error)
-				} else {
-					fmt.Fprintf(o.Stderr, "%s checks/s, p99 %.2f ms, %.1f + %.1f µs/check\n",
-						thousands(res.ChecksPerSec), res.P99ms, res.ServerUsPerCheck, res.ClientUsPerCheck)
-				}
-				sr.Results[i].Runs = append(sr.Results[i].Runs, res)
-			}
-		}
-		for i := range sr.Results {
-			sr.Results[i].Median = median(sr.Results[i].Runs)
-		}
+		p.total += o.Runs * len(contendersOf(cs, s.Workload))
+	}
+	for _, s := range scenarios {
+		sr := e.runScenario(ctx, o, s, contendersOf(cs, s.Workload), &p)
 		rep.Scenarios = append(rep.Scenarios, sr)
 		if ctx.Err() != nil {
 			break
@@ -229,52 +233,124 @@ func (e *env) runAll(ctx context.Context, o Options, rep *report, scenarios []sc
 	return nil
 }
 
-// scenario is one workload: Conc checks in flight on Keys keys for Secs
-// seconds, on logged or unlogged tables.
-type scenario struct {
-	Conc   int    `json:"conc"`
-	Keys   int    `json:"keys"`
-	Secs   int    `json:"secs"`
-	Tables string `json:"tables"` // logged or unlogged
-}
+// progress counts the runs done, of total, for the progress lines.
+type progress struct{ n, total int }
 
-// defaultScenarios: many keys and one hot key on logged tables, and a larger
-// crowd on unlogged tables. With every contender at 8 s each, about 3 1/2
-// minutes of runs.
-func defaultScenarios() []scenario {
-	return []scenario{
-		{Conc: 64, Keys: 10000, Secs: 8, Tables: "logged"},
-		{Conc: 64, Keys: 1, Secs: 8, Tables: "logged"},
-		{Conc: 256, Keys: 10000, Secs: 8, Tables: "unlogged"},
+// runScenario runs each of cs runs times in s, interleaved, and returns
+// the runs and their medians.
+func (e *env) runScenario(ctx context.Context, o Options, s scenario, cs []contender, p *progress) scenarioReport {
+	sr := scenarioReport{Scenario: s}
+	for _, c := range cs {
+		sr.Results = append(sr.Results, contenderReport{Contender: c.Name, Label: c.label(e)})
 	}
+	unit := s.unit()
+	for r := 1; r <= o.Runs && ctx.Err() == nil; r++ {
+		for i, c := range cs {
+			if ctx.Err() != nil {
+				break
+			}
+			p.n++
+			fmt.Fprintf(o.Stderr, "[%d/%d] %s: %s (run %d of %d) ... ", p.n, p.total, s.short(), c.Name, r, o.Runs)
+			res := e.measure(ctx, c, s)
+			res.Run = r
+			if res.Error != "" {
+				fmt.Fprintf(o.Stderr, "FAILED: %s\n", res.Error)
+			} else {
+				fmt.Fprintf(o.Stderr, "%s %ss/s, p99 %.2f ms, %.1f + %.1f µs/%s\n",
+					thousands(res.ChecksPerSec), unit, res.P99ms, res.ServerUsPerCheck, res.ClientUsPerCheck, unit)
+			}
+			sr.Results[i].Runs = append(sr.Results[i].Runs, res)
+		}
+	}
+	for i := range sr.Results {
+		sr.Results[i].Median = median(sr.Results[i].Runs)
+	}
+	return sr
 }
 
-// String describes the scenario for the tables: "64 in flight, 10,000 keys, 8 s, logged tables".
+// The workloads: checks of a rate limiter, or concurrency leases, each
+// acquired and released at once (the unit of a result is then the pair),
+// of leaseMax units per key.
+const (
+	checks   = "checks"
+	leases   = "leases"
+	leaseMax = 8
+)
+
+// scenario is one workload of checks or leases (Workload): Conc checks (or
+// acquire+release pairs of leases of LeaseMax units per key) in flight on
+// Keys keys for Secs seconds, on logged or unlogged tables.
+type scenario struct {
+	Workload string `json:"workload"`
+	Conc     int    `json:"conc"`
+	Keys     int    `json:"keys"`
+	Secs     int    `json:"secs"`
+	Tables   string `json:"tables"` // logged or unlogged
+	LeaseMax int    `json:"lease_max,omitempty"`
+}
+
+// defaultScenarios of workload (both when ""): checks on many keys and on
+// one hot key on logged tables, and a larger crowd on unlogged tables; and
+// leases on many keys and one hot key. With every contender at 8 s each,
+// about 3 1/2 minutes of runs of checks and 1 of leases.
+func defaultScenarios(workload string) []scenario {
+	var ss []scenario
+	if workload != leases {
+		ss = append(ss,
+			scenario{Workload: checks, Conc: 64, Keys: 10000, Secs: 8, Tables: "logged"},
+			scenario{Workload: checks, Conc: 64, Keys: 1, Secs: 8, Tables: "logged"},
+			scenario{Workload: checks, Conc: 256, Keys: 10000, Secs: 8, Tables: "unlogged"})
+	}
+	if workload != checks {
+		ss = append(ss,
+			scenario{Workload: leases, Conc: 64, Keys: 10000, Secs: 8, Tables: "logged", LeaseMax: leaseMax},
+			scenario{Workload: leases, Conc: 64, Keys: 1, Secs: 8, Tables: "logged", LeaseMax: leaseMax})
+	}
+	return ss
+}
+
+// String describes the scenario for the tables: "64 in flight, 10,000 keys,
+// 8 s, logged tables", and for leases "leases of 1 of 8 units per key,
+// acquired and released: 64 in flight, ...".
 func (s scenario) String() string {
 	keys := thousands(float64(s.Keys)) + " keys"
 	if s.Keys == 1 {
 		keys = "one hot key"
 	}
-	return fmt.Sprintf("%d in flight, %s, %d s, %s tables", s.Conc, keys, s.Secs, s.Tables)
+	what := ""
+	if s.Workload == leases {
+		what = fmt.Sprintf("Leases of 1 of %d units per key, acquired and released: ", s.LeaseMax)
+	}
+	return fmt.Sprintf("%s%d in flight, %s, %d s, %s tables", what, s.Conc, keys, s.Secs, s.Tables)
 }
 
 func (s scenario) short() string {
-	return fmt.Sprintf("%d %d %d %s", s.Conc, s.Keys, s.Secs, s.Tables)
+	return fmt.Sprintf("%d %d %d %s %s", s.Conc, s.Keys, s.Secs, s.Tables, s.Workload)
+}
+
+// unit is what a result counts: checks, or acquire+release pairs.
+func (s scenario) unit() string {
+	if s.Workload == leases {
+		return "pair"
+	}
+	return "check"
 }
 
 func describeScenarios(ss []scenario) string {
 	var b strings.Builder
 	for _, s := range ss {
-		fmt.Fprintf(&b, "  %-22s (%s)\n", s.short(), s)
+		fmt.Fprintf(&b, "  %-29s (%s)\n", s.short(), s)
 	}
 	return b.String()
 }
 
 // parseArgs reads CONC KEYS SECS logged|unlogged [contender ...]: none of
-// them for the default scenarios and every contender.
-func parseArgs(args []string) ([]scenario, []contender, error) {
+// them for the default scenarios of workload and their contenders. A
+// scenario given runs for each workload (workload, or both when "") that
+// has contenders among those named (all when none is).
+func parseArgs(args []string, workload string) ([]scenario, []contender, error) {
 	if len(args) == 0 {
-		return defaultScenarios(), contenders(), nil
+		return defaultScenarios(workload), contendersOfWorkload(workload), nil
 	}
 	if len(args) < 4 {
 		return nil, nil, clierr.Usagef("give all four of CONC KEYS SECS logged|unlogged, or none")
@@ -290,18 +366,31 @@ func parseArgs(args []string) ([]scenario, []contender, error) {
 	if s.Tables != "logged" && s.Tables != "unlogged" {
 		return nil, nil, clierr.Usagef("%q: the fourth argument is logged or unlogged", s.Tables)
 	}
-	if len(args) == 4 {
-		return []scenario{s}, contenders(), nil
+	cs := contendersOfWorkload(workload)
+	if len(args) > 4 {
+		if cs, err = pickContenders(args[4:], workload); err != nil {
+			return nil, nil, err
+		}
 	}
-	cs, err := pickContenders(args[4:])
-	return []scenario{s}, cs, err
+	var ss []scenario
+	for _, w := range []string{checks, leases} {
+		if len(contendersOf(cs, w)) > 0 {
+			s.Workload, s.LeaseMax = w, 0
+			if w == leases {
+				s.LeaseMax = leaseMax
+			}
+			ss = append(ss, s)
+		}
+	}
+	return ss, cs, nil
 }
 
 // pickContenders returns the contenders named, each once, in the order
 // named: ours is coalesce and per-check, ours_async is async (the name
 // ../shared/bench/peers.sh gives it), pgbench is tx, pipelined and
-// upsert.
-func pickContenders(names []string) ([]contender, error) {
+// upsert, ours_leases is leases and leases-per-check. With a workload, they
+// must include one of its.
+func pickContenders(names []string, workload string) ([]contender, error) {
 	var cs []contender
 	seen := map[string]bool{}
 	for _, a := range names {
@@ -313,17 +402,22 @@ func pickContenders(names []string) ([]contender, error) {
 			group = []string{"async"}
 		case "pgbench":
 			group = []string{"tx", "pipelined", "upsert"}
+		case "ours_leases":
+			group = []string{"leases", "leases-per-check"}
 		}
 		for _, n := range group {
 			c, ok := contenderByName(n)
 			if !ok {
-				return nil, clierr.Usagef("unknown contender %q (contenders: %s)", n, strings.Join(contenderNames(), " "))
+				return nil, clierr.Usagef("unknown contender %q (contenders: %s)", n, strings.Join(contenderNames(""), " "))
 			}
 			if !seen[n] {
 				seen[n] = true
 				cs = append(cs, c)
 			}
 		}
+	}
+	if workload != "" && len(contendersOf(cs, workload)) == 0 {
+		return nil, clierr.Usagef("WORKLOAD=%s, but no contender of it is named (contenders of %s: %s)", workload, workload, strings.Join(contenderNames(workload), " "))
 	}
 	return cs, nil
 }

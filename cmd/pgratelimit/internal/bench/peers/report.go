@@ -85,6 +85,7 @@ func median(runs []result) *result {
 	}
 	m := result{
 		Checks:           int64(med(func(r result) float64 { return float64(r.Checks) })),
+		Denied:           int64(med(func(r result) float64 { return float64(r.Denied) })),
 		Errors:           int64(med(func(r result) float64 { return float64(r.Errors) })),
 		ElapsedS:         round(med(func(r result) float64 { return r.ElapsedS }), 2),
 		ChecksPerSec:     round(med(func(r result) float64 { return r.ChecksPerSec }), 0),
@@ -111,21 +112,33 @@ func ms(x float64) string {
 	}
 }
 
+// head writes the title and the head of the scenario's table, and returns
+// the cells of a row without figures. Leases have a column more: the
+// acquisitions denied, per second.
+func (s scenarioReport) head(b *strings.Builder) (blank string) {
+	fmt.Fprintf(b, "### %s\n\n", s.Scenario)
+	unit, denied, sep, blank := s.Scenario.unit(), "", "", "| | | | |"
+	if s.Scenario.Workload == leases {
+		denied, sep, blank = " denied/s |", "---:|", "| | | | | |"
+	}
+	fmt.Fprintf(b, "| contender | %ss/s | p50 ms | p99 ms | server µs/%s | client µs/%s |%s\n", unit, unit, unit, denied)
+	b.WriteString("|---|---:|---:|---:|---:|---:|" + sep + "\n")
+	return blank
+}
+
 func (s scenarioReport) markdown(runs, latencyMS int) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "### %s\n\n", s.Scenario)
-	b.WriteString("| contender | checks/s | p50 ms | p99 ms | server µs/check | client µs/check |\n")
-	b.WriteString("|---|---:|---:|---:|---:|---:|\n")
+	unit, blank := s.Scenario.unit(), s.head(&b)
 	var notes []string
 	lo, hi := 1.0, 0.0
 	for _, c := range s.Results {
 		m := c.Median
 		if len(c.Runs) == 0 || (m == nil && c.Runs[0].Error == "interrupted") {
-			fmt.Fprintf(&b, "| %s | not run | | | | |\n", c.Label)
+			fmt.Fprintf(&b, "| %s | not run %s\n", c.Label, blank)
 			continue
 		}
 		if m == nil {
-			fmt.Fprintf(&b, "| %s | failed | | | | |\n", c.Label)
+			fmt.Fprintf(&b, "| %s | failed %s\n", c.Label, blank)
 			for _, r := range c.Runs {
 				if r.Error != "" && r.Error != "interrupted" {
 					notes = append(notes, fmt.Sprintf("%s, run %d: %s", c.Contender, r.Run, oneLine(r.Error)))
@@ -134,8 +147,12 @@ func (s scenarioReport) markdown(runs, latencyMS int) string {
 			}
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f | %.1f |\n", c.Label, thousands(m.ChecksPerSec),
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f | %.1f |", c.Label, thousands(m.ChecksPerSec),
 			ms(m.P50ms), ms(m.P99ms), m.ServerUsPerCheck, m.ClientUsPerCheck)
+		if s.Scenario.Workload == leases {
+			fmt.Fprintf(&b, " %s |", thousands(deniedPerSec(m)))
+		}
+		b.WriteString("\n")
 		failed, errs := 0, int64(0)
 		for _, r := range c.Runs {
 			if r.Error != "" {
@@ -148,7 +165,7 @@ func (s scenarioReport) markdown(runs, latencyMS int) string {
 			notes = append(notes, fmt.Sprintf("%s: %d of %d runs failed and are left out", c.Contender, failed, len(c.Runs)))
 		}
 		if errs > 0 {
-			notes = append(notes, fmt.Sprintf("%s: %d checks returned an error (not counted as checks)", c.Contender, errs))
+			notes = append(notes, fmt.Sprintf("%s: %d %ss returned an error (not counted as %ss)", c.Contender, errs, unit, unit))
 		}
 		if a, ok := m.Extra["audit"].(string); ok && a != "ok" {
 			notes = append(notes, fmt.Sprintf("%s: audit %s", c.Contender, a))
@@ -178,6 +195,15 @@ func (s scenarioReport) markdown(runs, latencyMS int) string {
 		b.WriteString("- " + n + "\n")
 	}
 	return b.String()
+}
+
+// deniedPerSec is the rate of the acquisitions of m that found no free
+// units.
+func deniedPerSec(m *result) float64 {
+	if m.ElapsedS <= 0 {
+		return 0
+	}
+	return float64(m.Denied) / m.ElapsedS
 }
 
 func oneLine(s string) string {
