@@ -218,13 +218,7 @@ WHERE application_name = $1 AND backend_type = 'client backend'`, app)
 // connection it reads a pipeline from is terminated).
 func TestAlertsThroughPgBouncer(t *testing.T) {
 	t.Parallel()
-	url := testdb.PgBouncer(t)
-	cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=exec")
-	require.NoError(t, err)
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := pgbouncerPool(t)
 	var mu sync.Mutex
 	rng := mrand.New(mrand.NewPCG(7, 7))
 	alertsUnderFaults(t, pool, pool, func() (context.Context, context.CancelFunc) {

@@ -528,13 +528,7 @@ func TestMoneyWalkUnderFaults(t *testing.T) {
 // reading a pipeline from is terminated, which no client can cure.
 func TestMoneyWalkThroughPgBouncer(t *testing.T) {
 	t.Parallel()
-	url := testdb.PgBouncer(t)
-	cfg, err := pgxpool.ParseConfig(url + "&default_query_exec_mode=exec")
-	require.NoError(t, err)
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool := pgbouncerPool(t)
 	walkFaults(t, pool, nil, "")
 }
 
