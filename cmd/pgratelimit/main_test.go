@@ -526,6 +526,12 @@ func TestDemoInterrupt(t *testing.T) {
 	code, stdout, stderr = pgrl(url, strings.Fields(m[1])...)
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, "no events for prefix \"demo-credits\", key \"ip:127.0.0.1\" (limiters with Config.Alerts write them)\n", stdout)
+	// And the one on its jobs' leases: none yet.
+	m = regexp.MustCompile(`(?m)^ +pgratelimit (leases .+?)  \(the jobs' leases\)$`).FindStringSubmatch(strings.Join(lines, "\n"))
+	require.NotNil(t, m, "%q", lines)
+	code, stdout, stderr = pgrl(url, strings.Fields(m[1])...)
+	require.Equal(t, 0, code, stderr)
+	require.Equal(t, "no live leases of \"ip:127.0.0.1\" (prefix \"demo-jobs\")\n", stdout)
 
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	for out.Scan() {

@@ -55,6 +55,7 @@ type policy struct {
 type app struct {
 	pool    *pgxpool.Pool
 	credits atomic.Pointer[pgratelimit.Limiter] // the credits scenario's: a monthly quota, grants and alerts
+	jobs    *jobs                               // the jobs card's: leases of a Semaphore
 	counts  checkCounter
 	mp      *sdkmetric.MeterProvider
 	log     *slog.Logger
@@ -118,8 +119,9 @@ func (o *otelCounter) counts(ctx context.Context) (checkCounts, error) {
 }
 
 // newApp makes the app on pool, its limiters reporting to a meter provider of
-// its own, its requests' database work bounded by timeout (0: none).
-func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration) (*app, error) {
+// its own, its requests' database work bounded by timeout (0: none), its
+// jobs run as jc says.
+func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration, jc jobsConfig) (*app, error) {
 	reader := sdkmetric.NewManualReader()
 	a := &app{
 		pool:    pool,
@@ -133,6 +135,11 @@ func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration) (*app, 
 	if err := a.newCredits(); err != nil {
 		return nil, err
 	}
+	j, err := newJobs(pool, log, a.mp, jc)
+	if err != nil {
+		return nil, err
+	}
+	a.jobs = j
 	return a, nil
 }
 
@@ -221,6 +228,9 @@ func (a *app) handler() http.Handler {
 	mux.Handle("POST /api/credits/charge", a.bounded(http.HandlerFunc(a.serveCharge)))
 	mux.Handle("POST /api/credits/grant", a.bounded(http.HandlerFunc(a.serveGrant)))
 	mux.Handle("POST /api/credits/reset", a.bounded(http.HandlerFunc(a.serveCreditsReset)))
+	mux.Handle("POST /api/jobs/start", a.bounded(http.HandlerFunc(a.serveJobStart)))
+	mux.Handle("POST /api/jobs/kill", a.bounded(http.HandlerFunc(a.serveJobKill)))
+	mux.Handle("POST /api/jobs/reset", a.bounded(http.HandlerFunc(a.serveJobsReset)))
 	return mux
 }
 

@@ -10,7 +10,9 @@
 // a burst, steady traffic at 90% of the rate, two limits in one AllowAll,
 // credits charged in a transaction that rolls back, and credits from a
 // monthly quota and grants, with usage alerts that a Consumer in the demo
-// delivers.
+// delivers; and long jobs, at most 3 at once, each holding a concurrency
+// lease it extends while it runs (a Semaphore), one of which can be killed
+// to watch its slot come back when its lease expires.
 package demo
 
 import (
@@ -57,6 +59,9 @@ type Options struct {
 	Stdout, Stderr io.Writer
 
 	throwaway string // the URL of the throwaway PostgreSQL Run started, if it did
+	// jobs is how the jobs card's jobs run (zero: the defaults; tests
+	// shorten them).
+	jobs jobsConfig
 }
 
 // AddFlags defines the demo's flags on fs.
@@ -100,6 +105,7 @@ func run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer ln.Close()
+	defer a.jobs.stop() // (after the server's shutdown: its running jobs release their leases)
 	stopConsumer, err := a.startConsumer(ctx)
 	if err != nil {
 		return err
@@ -144,9 +150,9 @@ func (o *Options) database(ctx context.Context) (url string, stop func(), err er
 }
 
 // setUp applies the migrations, listens on Addr, and makes the app with its
-// first policy and a fresh bucket and credits for the client on this
-// address (KeyByIP), so that a re-run against the same database starts
-// with a full bucket. Its database work is bounded by Options.Bound.
+// first policy and a fresh bucket, credits and jobs' slots for the client
+// on this address (KeyByIP), so that a re-run against the same database
+// starts with a full bucket. Its database work is bounded by Options.Bound.
 func (o Options) setUp(ctx context.Context, pool *pgxpool.Pool) (net.Listener, *app, error) {
 	if o.Bound != nil {
 		var cancel context.CancelFunc
@@ -165,12 +171,15 @@ func (o Options) setUp(ctx context.Context, pool *pgxpool.Pool) (net.Listener, *
 		return nil, nil, fmt.Errorf("listen on %s (choose another with --addr): %w", o.Addr, err)
 	}
 	host, _, _ := net.SplitHostPort(ln.Addr().String())
-	a, err := newApp(pool, slog.New(slog.NewTextHandler(o.Stderr, nil)), o.Timeout)
+	a, err := newApp(pool, slog.New(slog.NewTextHandler(o.Stderr, nil)), o.Timeout, o.jobs)
 	if err == nil {
 		_, err = a.apply(ctx, firstPolicy(), "ip:"+host)
 	}
 	if err == nil {
 		err = a.resetCredits(ctx, "ip:"+host)
+	}
+	if err == nil {
+		err = a.jobs.reset(ctx, "ip:"+host) // the leases a run before left
 	}
 	if err != nil {
 		ln.Close()
@@ -207,6 +216,7 @@ func (o Options) walkthrough(ctx context.Context, pool *pgxpool.Pool, page, key 
 	fmt.Fprintf(o.Stdout, "The CLI:          pgratelimit balance %s --prefix %s --capacity %d --refill %d --every month  (the credits above)\n",
 		key, cp.Prefix, cp.Capacity, cp.Refill)
 	fmt.Fprintf(o.Stdout, "                  pgratelimit events --prefix %s --key %s --follow  (their usage alerts)\n", cp.Prefix, key)
+	fmt.Fprintf(o.Stdout, "                  pgratelimit leases %s --prefix %s --max %d  (the jobs' leases)\n", key, jobsPrefix, jobsMax)
 	if o.throwaway != "" {
 		fmt.Fprintf(o.Stdout, "                  in a shell with: export DATABASE_URL=%s\n", o.throwaway)
 	}

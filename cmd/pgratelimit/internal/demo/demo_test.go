@@ -44,15 +44,15 @@ var pageLine = regexp.MustCompile(`(?m)^The page: +(http://\S+/) `)
 func TestMain(m *testing.M) { testdb.Main(m) }
 
 // startDemo runs the demo (what `pgratelimit demo` and make demo run) in
-// process against dbURL, and returns the page's URL once the walkthrough is
-// done; the demo stops when the test ends.
-func startDemo(t *testing.T, dbURL string) string {
+// process against dbURL, its jobs as jc says, and returns the page's URL
+// once the walkthrough is done; the demo stops when the test ends.
+func startDemo(t *testing.T, dbURL string, jc jobsConfig) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, Options{Addr: "127.0.0.1:0", DatabaseURL: dbURL, Timeout: 10 * time.Second, Stdout: &stdout, Stderr: &stderr})
+		done <- Run(ctx, Options{Addr: "127.0.0.1:0", DatabaseURL: dbURL, Timeout: 10 * time.Second, Stdout: &stdout, Stderr: &stderr, jobs: jc})
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -101,12 +101,12 @@ func getJSON(t *testing.T, method, u string, form url.Values, v any) int {
 
 // The page's API without a browser: the state comes from the database, a
 // policy applies (or is refused in its own words), the rollback scenario
-// spends nothing, two limits answer together, and credits spill from the
+// spends nothing, two limits answer together, credits spill from the
 // monthly quota into a grant, firing usage alerts that the demo's consumer
-// delivers.
+// delivers, and jobs hold leases (with a TTL of 4s, not the page's 10s).
 func TestDemoAPI(t *testing.T) {
 	t.Parallel()
-	page := startDemo(t, testdb.NewEmptySchema(t).URL(t))
+	page := startDemo(t, testdb.NewEmptySchema(t).URL(t), jobsConfig{ttl: 4 * time.Second, runFor: 6 * time.Second})
 
 	var st stateJSON
 	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
@@ -154,6 +154,7 @@ func TestDemoAPI(t *testing.T) {
 
 	checkCreditsAPI(t, page)
 	checkCreditsAPIMore(t, page)
+	checkJobsAPI(t, page)
 
 	// The event stream sends the state at least twice a second.
 	resp, err := http.Get(page + "api/events")

@@ -30,7 +30,8 @@ const q = `document.querySelector('[data-testid="%s"]')`
 // drops to 0 and refills, a new policy applies, the rollback scenario spends
 // nothing, the credits gauges follow a monthly quota used up, a grant and a
 // charge that spills into it, with the usage alerts they fire, delivered,
-// and the console stays free of errors. With
+// jobs take the slots of a semaphore, one killed gives its slot back when
+// its lease expires, and the console stays free of errors. With
 // PGRATELIMIT_UPDATE_SCREENSHOT=1 it saves docs/demo.png.
 func TestDemoPage(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
@@ -41,7 +42,7 @@ func TestDemoPage(t *testing.T) {
 	}
 	t.Parallel()
 	schema := testdb.NewEmptySchema(t)
-	page := startDemo(t, schema.URL(t))
+	page := startDemo(t, schema.URL(t), jobsConfig{})
 	db := schema.Pool(t, 1)
 	b, consoleErrors := startBrowser(t)
 
@@ -52,6 +53,7 @@ func TestDemoPage(t *testing.T) {
 	b.checkBurst(db)
 	b.checkScenarios()
 	b.checkCredits()
+	b.checkJobs()
 	b.screenshot()
 	require.Empty(t, consoleErrors(), "console errors")
 }
@@ -359,8 +361,9 @@ func (b *browser) checkCreditsAgain() {
 }
 
 // screenshot: something to look at, a burst under a policy that refills a
-// token a second, and the bucket refilling step by step on its grid; saved
-// as docs/demo.png with PGRATELIMIT_UPDATE_SCREENSHOT=1.
+// token a second, and the bucket refilling step by step on its grid, and a
+// job running beside one killed; saved as docs/demo.png with
+// PGRATELIMIT_UPDATE_SCREENSHOT=1.
 func (b *browser) screenshot() {
 	t := b.t
 	b.do("a policy to watch", setValue("capacity", "8"), setValue("refill", "1"), setValue("interval", "1s"), setValue("storage", "ephemeral"), click("apply"))
@@ -370,6 +373,16 @@ func (b *browser) screenshot() {
 	b.waitFor("the burst", fmt.Sprintf(q+`.textContent.startsWith('Burst of 11:')`, "scenario-status"), time.Minute)
 	b.waitFor("the bucket emptied", fmt.Sprintf(`Number(`+q+`.textContent) <= 2`, "remaining"), 30*time.Second)
 	b.waitFor("refills", fmt.Sprintf(`Number(`+q+`.textContent) >= 5`, "remaining"), 30*time.Second)
+	// The jobs card: a job running, one killed (its slot still held, for up
+	// to 10s), a slot free.
+	b.do("start over", click("jobs-reset"))
+	b.waitFor("a fresh start", fmt.Sprintf(q+`.textContent.startsWith('Started over')`, "jobs-status"), 30*time.Second)
+	for i := 1; i <= 2; i++ {
+		b.do("start a job", click("jobs-start"))
+		b.waitFor("the job", fmt.Sprintf(q+`.textContent.includes('%d of 3 slots held')`, "jobs-status", i), 30*time.Second)
+	}
+	b.do("kill a holder", click("jobs-kill"))
+	b.slots("killed", "running", "free")
 	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
 	require.NoError(t, err)
 	shot := filepath.Join(t.TempDir(), "demo.png")
@@ -379,4 +392,54 @@ func (b *browser) screenshot() {
 	}
 	require.NoError(t, os.WriteFile(shot, png, 0o644))
 	t.Logf("screenshot: %s", shot)
+}
+
+// slots waits until the jobs card's slots are in the states want (running,
+// killed, other or free), in their order.
+func (b *browser) slots(want ...string) {
+	b.t.Helper()
+	list := `JSON.stringify([...document.querySelectorAll('[data-testid="jobs-slot"]')].map(e => e.dataset.state))`
+	b.waitFor(fmt.Sprintf("the slots %q", want), list+` === '`+mustJSON(b.t, want)+`'`, 30*time.Second)
+}
+
+// slotText is the text of the jobs card's slot i (from 0).
+func (b *browser) slotText(i int) string {
+	return b.eval(fmt.Sprintf(`document.querySelectorAll('[data-testid="jobs-slot"]')[%d].textContent`, i))
+}
+
+// checkJobs: three long jobs take the three slots, each with its fencing
+// token and countdowns; a fourth gets a 429 that says why; a holder killed
+// keeps its slot, counting down, until its lease expires (TTL 10s), then
+// the slot is free and a job starts again.
+func (b *browser) checkJobs() {
+	t := b.t
+	require.Equal(t, "demo-jobs", b.text("jobs-prefix"))
+	b.do("start over", click("jobs-reset"))
+	b.waitFor("a fresh start", fmt.Sprintf(q+`.textContent.startsWith('Started over')`, "jobs-status"), 30*time.Second)
+	b.slots("free", "free", "free")
+	require.Equal(t, "Max 3 slots per key, TTL 10s: a lease counts until released, or until 10s pass without an Extend. "+
+		"A job runs 30s and extends its lease every 3.4s. 0 of 3 held.", b.text("jobs-policy"))
+	for i := 1; i <= 3; i++ {
+		b.do("start a job", click("jobs-start"))
+		b.waitFor("the job", fmt.Sprintf(q+`.textContent.includes('%d of 3 slots held')`, "jobs-status", i), 30*time.Second)
+	}
+	require.Regexp(t, `^Started a job with lease token \d+: it runs 30s, extending its lease every 3\.334s, then releases it\. 3 of 3 slots held\.$`, b.text("jobs-status"))
+	b.slots("running", "running", "running")
+	require.Regexp(t, `^slot 1 job running, ends in \d+(\.\d)?s token \d+ lease expires in \d+(\.\d)?s$`, b.slotText(0))
+
+	b.do("a fourth job", click("jobs-start"))
+	b.waitFor("the denial", fmt.Sprintf(q+`.textContent.startsWith('429')`, "jobs-status"), 30*time.Second)
+	require.Regexp(t, `^429 Too Many Requests\. Denied: all 3 slots are held \(3 of 3\), so no job started\. The soonest lease expires in \S+; a job that ends releases its slot sooner\.$`, b.text("jobs-status"))
+	require.Regexp(t, `^#\d+ 429 Too Many Requests cost 1 Retry-After: \d+ Denied: all 3 slots are held`, b.results()[len(b.results())-1])
+
+	b.do("kill a holder", click("jobs-kill"))
+	b.waitFor("the kill", fmt.Sprintf(q+`.textContent.startsWith('Killed')`, "jobs-status"), 30*time.Second)
+	b.slots("killed", "running", "running")
+	require.Regexp(t, `^slot 1 killed: no heartbeat, no release token \d+ back in \d+(\.\d)?s$`, b.slotText(0))
+	// Its slot comes back when its lease expires, at most 10s after its
+	// last heartbeat; the others' heartbeats keep theirs.
+	b.slots("running", "running", "free")
+	b.do("start again", click("jobs-start"))
+	b.waitFor("the job", fmt.Sprintf(q+`.textContent.includes('3 of 3 slots held')`, "jobs-status"), 30*time.Second)
+	b.slots("running", "running", "running")
 }

@@ -40,6 +40,7 @@ type stateJSON struct {
 	Bucket  bucketJSON  `json:"bucket"`
 	Minute  bucketJSON  `json:"minute"`
 	Credits creditsJSON `json:"credits"`
+	Jobs    jobsJSON    `json:"jobs"`
 	Checks  checkCounts `json:"checks"`
 	Error   string      `json:"error,omitempty"`
 }
@@ -79,7 +80,8 @@ func bucketOf(r pgratelimit.Result, cfg pgratelimit.Config) bucketJSON {
 	return b
 }
 
-// state peeks at key's buckets (taking nothing) and reads the counters.
+// state peeks at key's buckets (taking nothing), reads its credits and its
+// jobs' leases, and the counters.
 func (a *app) state(ctx context.Context, key string) stateJSON {
 	p := a.cur.Load()
 	st := stateJSON{TimeMS: time.Now().UnixMilli(), Key: key, Policy: describePolicy(p)}
@@ -98,6 +100,11 @@ func (a *app) state(ctx context.Context, key string) stateJSON {
 		errs = append(errs, err)
 	} else {
 		st.Credits = c
+	}
+	if j, err := a.jobs.state(ctx, key); err != nil {
+		errs = append(errs, err)
+	} else {
+		st.Jobs = j
 	}
 	c, err := a.counts.counts(ctx)
 	if err != nil {

@@ -1,6 +1,6 @@
 // The demo page: live state from /api/events (Server-Sent Events), requests
-// to the rate-limited endpoints, the scenarios, the policy form and the
-// credits card.
+// to the rate-limited endpoints, the scenarios, the policy form, the
+// credits card and the jobs card.
 // Hand-written, no dependencies, no build step.
 "use strict";
 
@@ -67,6 +67,7 @@ function update(st) {
   $("minute").textContent = `${st.minute.tokens} of ${st.minute.capacity}`;
   $("minute-gauge").style.width = `${st.minute.capacity ? (100 * st.minute.tokens) / st.minute.capacity : 0}%`;
   showCredits(st.credits);
+  showJobs(st.jobs);
   $("count-allowed").textContent = String(st.checks.allowed);
   $("count-denied").textContent = String(st.checks.denied);
   $("count-errors").textContent = String(st.checks.errors);
@@ -125,6 +126,35 @@ function showAlerts(alerts) {
   });
   if (!items.length) items.push(Object.assign(document.createElement("li"), { className: "none", textContent: "no alerts yet" }));
   $("credits-alerts").replaceChildren(...items);
+}
+
+// showJobs shows the jobs card: each live lease of the key (oldest first) as
+// a slot, with what holds it, its fencing token and when it expires, then
+// the free slots.
+function showJobs(j) {
+  $("jobs-prefix").textContent = j.prefix;
+  $("jobs-max").textContent = String(j.max);
+  $("jobs-policy").textContent = `Max ${j.max} slots per key, TTL ${fmtMs(j.ttl_ms)}: a lease counts until released, or until ` +
+    `${fmtMs(j.ttl_ms)} pass without an Extend. A job runs ${fmtMs(j.job_ms)} and extends its lease every ${fmtMs(j.heartbeat_ms)}. ` +
+    `${j.held} of ${j.max} held.`;
+  const slot = (n, state, ...parts) => {
+    const li = document.createElement("li");
+    li.dataset.testid = "jobs-slot";
+    li.dataset.state = state;
+    li.className = state;
+    li.append(span("n", `slot ${n}`), ...parts.flatMap((p) => [" ", p]));
+    return li;
+  };
+  const items = (j.slots || []).map((s, i) => {
+    const what = s.holder === "running" ? `job running, ends in ${fmtMs(s.ends_in_ms)}`
+      : s.holder === "killed" ? "killed: no heartbeat, no release"
+        : "held by another holder (the CLI?)";
+    const left = s.holder === "killed" ? `back in ${fmtMs(s.expires_in_ms)}` : `lease expires in ${fmtMs(s.expires_in_ms)}`;
+    const token = `token ${s.token}` + (s.weight > 1 ? `, ${s.weight} units` : "");
+    return slot(i + 1, s.holder, span("what", what), span("token", token), span("left", left));
+  });
+  for (let i = 0; i < Math.max(0, j.max - j.held); i++) items.push(slot(items.length + 1, "free", span("what", "free")));
+  $("jobs-slots").replaceChildren(...items);
 }
 
 // ---- the chart: tokens over the last 30 s, with the refill grid -----------
@@ -326,6 +356,25 @@ const credits = {
   },
 };
 
+// The jobs card's actions; each returns what happened, in words.
+const jobs = {
+  async start() {
+    const r = await send(1, "/api/jobs/start", "POST");
+    if ((r.status !== 200 && r.status !== 429) || !r.json) throw new Error(r.json?.error || `start failed (${r.status})`);
+    return r.status === 200 ? r.json.message : `429 Too Many Requests. ${r.json.message}`;
+  },
+  async kill() {
+    const v = await post("/api/jobs/kill");
+    logNote(v.message);
+    return v.message;
+  },
+  async reset() {
+    const v = await post("/api/jobs/reset");
+    logNote(v.message);
+    return v.message;
+  },
+};
+
 const scenarios = {
   async burst() {
     await refill();
@@ -414,6 +463,9 @@ $("credits-charge").addEventListener("click", () => busy(() =>
 $("credits-grant").addEventListener("click", () => busy(() =>
   credits.grant(Math.max(1, parseInt($("credits-amount").value, 10) || 1), $("credits-expires").value), "credits-status"));
 $("credits-reset").addEventListener("click", () => busy(credits.reset, "credits-status"));
+$("jobs-start").addEventListener("click", () => busy(jobs.start, "jobs-status"));
+$("jobs-kill").addEventListener("click", () => busy(jobs.kill, "jobs-status"));
+$("jobs-reset").addEventListener("click", () => busy(jobs.reset, "jobs-status"));
 $("clear").addEventListener("click", () => { $("log").replaceChildren(); });
 $("policy-form").addEventListener("submit", (e) => {
   e.preventDefault();

@@ -1,0 +1,116 @@
+package demo
+
+import (
+	"encoding/json"
+	"net/http"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// jobsAnswer is the answer to a start, a kill or a reset of jobs.
+type jobsAnswer struct {
+	Message string   `json:"message"`
+	Jobs    jobsJSON `json:"jobs"`
+}
+
+// postJobs posts to the jobs card's path and returns the answer.
+func postJobs(t *testing.T, page, path string) (int, http.Header, jobsAnswer) {
+	t.Helper()
+	resp, err := http.Post(page+"api/jobs/"+path, "", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var a jobsAnswer
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&a))
+	return resp.StatusCode, resp.Header, a
+}
+
+// holders are the holders of the slots, oldest first.
+func holders(j jobsJSON) []string {
+	var h []string
+	for _, s := range j.Slots {
+		h = append(h, s.Holder)
+	}
+	return h
+}
+
+// jobsWhen polls the state until cond holds of its jobs, and returns them.
+func jobsWhen(t *testing.T, page, what string, within time.Duration, cond func(jobsJSON) bool) jobsJSON {
+	t.Helper()
+	var st stateJSON
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+		if cond(st.Jobs) {
+			return st.Jobs
+		}
+		require.True(t, time.Now().Before(deadline), "%s: %+v", what, st.Jobs)
+	}
+}
+
+// checkJobsAPI (TTL 4s, jobs of 6s): three jobs take the three slots, a
+// fourth is denied (429, Retry-After, why); a job killed keeps its slot
+// until its lease expires, then the slot is free, while the heartbeats keep
+// the others'; a job that ends releases its slot before its lease would
+// expire; starting over releases every lease at once.
+func checkJobsAPI(t *testing.T, page string) {
+	var st stateJSON
+	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+	require.Equal(t, jobsJSON{Prefix: "demo-jobs", Max: 3, TTLMS: 4000, HeartbeatMS: 1333, JobMS: 6000, Slots: []slotJSON{}}, st.Jobs)
+
+	started := regexp.MustCompile(`^Started a job with lease token (\d+): it runs 6s, extending its lease every 1\.334s, then releases it\. (\d) of 3 slots held\.$`)
+	var tokens []string
+	for i := 1; i <= 3; i++ {
+		code, _, a := postJobs(t, page, "start")
+		require.Equal(t, 200, code, a.Message)
+		m := started.FindStringSubmatch(a.Message)
+		require.NotNil(t, m, a.Message)
+		require.Equal(t, strconv.Itoa(i), m[2])
+		tokens = append(tokens, m[1])
+		require.Equal(t, int64(i), a.Jobs.Held)
+		require.Len(t, a.Jobs.Slots, i)
+		require.Equal(t, "running", a.Jobs.Slots[i-1].Holder)
+		require.Equal(t, m[1], strconv.FormatInt(a.Jobs.Slots[i-1].Token, 10))
+	}
+	code, h, a := postJobs(t, page, "start")
+	require.Equal(t, 429, code)
+	require.Regexp(t, `^Denied: all 3 slots are held \(3 of 3\), so no job started\. The soonest lease expires in [0-4](\.\d+)?s; a job that ends releases its slot sooner\.$`, a.Message)
+	require.Contains(t, []string{"1", "2", "3", "4"}, h.Get("Retry-After"))
+	require.Equal(t, []string{"running", "running", "running"}, holders(a.Jobs))
+
+	// Kill the oldest: its slot stays held until its lease expires.
+	code, _, a = postJobs(t, page, "kill")
+	killed := time.Now()
+	require.Equal(t, 200, code)
+	require.Regexp(t, `^Killed the job with lease token `+tokens[0]+` without releasing its lease: no more heartbeats, so its slot comes back when the lease expires, in [0-4](\.\d+)?s\.$`, a.Message)
+	require.Equal(t, []string{"killed", "running", "running"}, holders(a.Jobs))
+	require.Positive(t, a.Jobs.Slots[0].ExpiresInMS)
+	j := jobsWhen(t, page, "the killed job's slot back", 10*time.Second, func(j jobsJSON) bool { return j.Held == 2 })
+	require.Less(t, time.Since(killed), 4*time.Second+time.Second, "back at its expiry, at most a TTL after the kill")
+	require.Equal(t, []string{"running", "running"}, holders(j), "the heartbeats kept the others'")
+	require.Equal(t, tokens[1:], []string{strconv.FormatInt(j.Slots[0].Token, 10), strconv.FormatInt(j.Slots[1].Token, 10)})
+
+	// A slot again; the job that ends releases it, before its lease expires.
+	code, _, a = postJobs(t, page, "start")
+	require.Equal(t, 200, code, a.Message)
+	last := a.Jobs.Slots[len(a.Jobs.Slots)-1]
+	ends := time.Now().Add(time.Duration(last.EndsInMS) * time.Millisecond)
+	jobsWhen(t, page, "every job ended", 15*time.Second, func(j jobsJSON) bool { return j.Held == 0 })
+	require.Less(t, time.Until(ends), time.Second, "not before it ends")
+	require.Less(t, time.Since(ends), 1500*time.Millisecond, "released when it ended, not left to expire (2.7s or more after its last heartbeat)")
+
+	// Nothing to kill; starting over releases at once.
+	code, _, a = postJobs(t, page, "kill")
+	require.Equal(t, 200, code)
+	require.Equal(t, "No running job to kill: start one first.", a.Message)
+	for range 2 {
+		code, _, _ = postJobs(t, page, "start")
+		require.Equal(t, 200, code)
+	}
+	code, _, a = postJobs(t, page, "reset")
+	require.Equal(t, 200, code)
+	require.Equal(t, "Started over: every job stopped and every lease released, 3 slots free.", a.Message)
+	require.Empty(t, a.Jobs.Slots)
+}
