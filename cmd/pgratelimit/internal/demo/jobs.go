@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
@@ -62,7 +62,7 @@ type job struct {
 	kill   chan struct{} // closed to kill it
 }
 
-func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp metric.MeterProvider, c jobsConfig) (*jobs, error) {
+func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, c jobsConfig) (*jobs, error) {
 	j := &jobs{ttl: c.ttl, runFor: c.runFor, log: log, all: make(map[string]*job), done: make(chan struct{})}
 	if j.ttl == 0 {
 		j.ttl = defaultJobsTTL
