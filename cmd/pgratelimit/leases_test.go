@@ -93,6 +93,17 @@ func TestLeaseCommands(t *testing.T) {
 	code, out, _ = pgrl(url, "leases", "org-1", "--prefix", "exports")
 	require.Equal(t, 0, code)
 	require.Equal(t, "no live leases of \"org-1\" (prefix \"exports\")\n", out)
+
+	// An ID that would split the line is quoted; --json gives it as it is.
+	code, out, _ = acquire("--request-id", `a "b"`)
+	require.Equal(t, 0, code)
+	require.True(t, strings.HasPrefix(out, `"a \"b\""  acquired 1 unit of "org-1"`), out)
+	code, out, _ = pgrl(url, "leases", "org-1", "--prefix", "exports", "--json")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, `"id":"a \"b\""`)
+	code, out, _ = pgrl(url, "release", "org-1", `a "b"`, "--prefix", "exports")
+	require.Equal(t, 0, code)
+	require.True(t, strings.HasPrefix(out, `released lease "a \"b\"" of "org-1"`), out)
 }
 
 // checkLeasesListed: leases lists the two live leases of org-1, oldest
@@ -190,6 +201,9 @@ func TestAcquireWait(t *testing.T) {
 	require.GreaterOrEqual(t, took, 700*time.Millisecond)
 	require.Less(t, took, 5*time.Second)
 	require.Regexp(t, `^denied: waited 700ms \(--timeout\) for 1 unit of "node", none came free: 3 of 3 held \(nothing taken\); retry in (59|1m)`, out)
+	code, out, _ = pgrl(url, append([]string{"acquire", "node", "--wait", "--timeout", "300ms", "--json"}, policy...)...)
+	require.Equal(t, 1, code)
+	require.Regexp(t, `^\{"key":"node","acquired":false,"weight":1,"held":3,"limit":3,"retry_after_ms":\d+,"waited":true\}\n$`, out)
 
 	var wg sync.WaitGroup
 	var waitCode int
