@@ -82,7 +82,7 @@ func commands() []command {
 			"give up on starting the server and applying the migrations after D; 0: never", dbMore},
 		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
 			"give up on the database work of the set-up and of each request after D; 0: never", ""},
-		{"bench", "[flags]", "measure checks per second under load", runBench, time.Minute,
+		{"bench", "[flags]", "measure checks per second under load (--leases: acquire+release pairs of leases)", runBench, time.Minute,
 			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never", benchMore},
 	}
 }
