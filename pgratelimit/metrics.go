@@ -20,6 +20,9 @@ type instruments struct {
 	// pgratelimit.shadow=true for the checks of WithShadow contexts.
 	allowed, denied, errored outcome
 	shadow                   struct{ allowed, denied, errored outcome }
+	// seen is batchSize as a func value, made once (a method value
+	// allocates at each use).
+	seen func(ctx context.Context, n int)
 }
 
 type outcome struct {
@@ -52,6 +55,7 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 	in.allowed, in.denied, in.errored = set("allowed"), set("denied"), set("error")
 	shadow := attribute.Bool("pgratelimit.shadow", true)
 	in.shadow.allowed, in.shadow.denied, in.shadow.errored = set("allowed", shadow), set("denied", shadow), set("error", shadow)
+	in.seen = in.batchSize
 	return in
 }
 

@@ -130,5 +130,5 @@ func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, wha
 	if l.tx != nil {
 		return l.runIn(q.Ctx, l.tx.ex, q, set, what)
 	}
-	return l.client.run(q, set, l.metrics.batchSize, coalesce, what)
+	return l.client.run(q, set, l.metrics.seen, coalesce, what)
 }

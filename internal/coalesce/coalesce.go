@@ -49,6 +49,7 @@ type pending struct {
 	set  engine.Settings            // the first charge's limiter's
 	seen func(context.Context, int) // told the size of its batch; may be nil
 	rows []engine.Row
+	one  [1]engine.Row // rows' array for a request of one charge
 	done chan struct{}
 }
 
@@ -106,7 +107,13 @@ func (c *Coalescer) Wait() { c.goroutines.Wait() }
 // q's error (its outcome is in q), or its context's as soon as it ends.
 // seen, if not nil, is told the size of the batch q went in.
 func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context.Context, int)) error {
-	p := &pending{req: q, set: set, seen: seen, rows: q.Rows(), done: make(chan struct{})}
+	p := &pending{req: q, set: set, seen: seen, done: make(chan struct{})}
+	if len(q.Charges) == 1 { // the usual check: its row in p, no slice of its own
+		p.one[0] = q.Charges[0].Row
+		p.rows = p.one[:]
+	} else {
+		p.rows = q.Rows()
+	}
 	c.mu.Lock()
 	switch {
 	case len(c.queue) > 0:

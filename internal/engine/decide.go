@@ -31,8 +31,14 @@ func (a *Attempt) decideOne(q *Request) {
 		q.Err = err
 		return
 	}
-	news := make([]account.State, len(q.Charges))
-	changes := make([]account.Change, len(q.Charges))
+	// On the stack for the usual few charges (they do not escape).
+	var newsBuf [4]account.State
+	var changesBuf [4]account.Change
+	news, changes := newsBuf[:0], changesBuf[:0]
+	if n := len(q.Charges); n > len(newsBuf) {
+		news, changes = make([]account.State, 0, n), make([]account.Change, 0, n)
+	}
+	news, changes = news[:len(q.Charges)], changes[:len(q.Charges)]
 	allowed := true
 	for i, c := range q.Charges {
 		var err error
