@@ -73,8 +73,9 @@ const DefaultEventRetention = 7 * 24 * time.Hour
 
 // CleanupStats describes one cleanup run.
 type CleanupStats struct {
-	// Deleted is the number of rows deleted, over the bucket tables and
-	// the grants table.
+	// Deleted is the number of rows deleted, over every table cleanup
+	// walks: buckets, grants, request IDs, leases, alert state, and the
+	// ledger rows and delivered events past their retention.
 	Deleted int64
 	// Batches is the number of delete transactions run.
 	Batches int
@@ -93,7 +94,8 @@ type CleanupStats struct {
 // a check treats exactly like missing rows, and the grants that are spent
 // (or expired, once their expiry is in the ledger), which no check spends;
 // so deleting them never changes a decision. It also forgets request IDs
-// past their retention (Config.RequestIDRetention), the alert state of
+// past their retention (Config.RequestIDRetention), expired leases
+// (Semaphore: their units are free already), the alert state of
 // periods that have ended (Config.Alerts), usage alert events delivered
 // longer ago than opts.EventRetention, and, with opts.LedgerRetention,
 // ledger rows older than it. It deletes in batches of
