@@ -171,7 +171,9 @@ func TestRequestIDAllowAllAndTransactions(t *testing.T) {
 		"pgx": func(ctx context.Context) txFuncs {
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
-			return txFuncs{func(ctx context.Context) (pgratelimit.Result, error) { return user.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "u", 5) },
+			return txFuncs{func(ctx context.Context) (pgratelimit.Result, error) {
+				return user.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "u", 5)
+			},
 				func() error { return tx.Commit(ctx) }, func() error { return tx.Rollback(ctx) }}
 		},
 	}
@@ -179,7 +181,9 @@ func TestRequestIDAllowAllAndTransactions(t *testing.T) {
 		begins[name] = func(ctx context.Context) txFuncs {
 			tx, err := db.BeginTx(ctx, nil)
 			require.NoError(t, err)
-			return txFuncs{func(ctx context.Context) (pgratelimit.Result, error) { return user.In(pgratelimit.SQLTx(tx)).AllowN(ctx, "u", 5) },
+			return txFuncs{func(ctx context.Context) (pgratelimit.Result, error) {
+				return user.In(pgratelimit.SQLTx(tx)).AllowN(ctx, "u", 5)
+			},
 				tx.Commit, tx.Rollback}
 		}
 	}
