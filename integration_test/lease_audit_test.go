@@ -243,8 +243,9 @@ func monitor(admin *pgxpool.Pool, prefix string, stop chan struct{}, violations 
 		case <-time.After(5 * time.Millisecond):
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		rows, err := admin.Query(ctx, `SELECT key, sum(weight) FROM pgratelimit_leases
-WHERE prefix = $1 AND expires_at > clock_timestamp() GROUP BY key HAVING sum(weight) > $2`, prefix, auditMax)
+		rows, err := admin.Query(ctx, `SELECT b.key, sum((l->>'weight')::bigint)
+FROM pgratelimit_buckets b, jsonb_array_elements(b.leases) l
+WHERE b.prefix = $1 AND (l->>'expires_at')::timestamptz > clock_timestamp() GROUP BY b.key HAVING sum((l->>'weight')::bigint) > $2`, prefix, auditMax)
 		if err == nil {
 			for rows.Next() {
 				var key string

@@ -41,9 +41,10 @@ func TestLeaseRepeatableRead(t *testing.T) {
 	require.Equal(t, pgerrcode.SerializationFailure, pgErr.Code)
 }
 
-// A key's row deleted (by cleanup) while an acquisition waits for its lock:
-// the acquisition locks it anew and reads the leases again, and its answer
-// counts what the deleting transaction left.
+// A key's row deleted (by cleanup) while an acquisition waits for its lock,
+// and written anew with a lease: the acquisition locks the new row, reads
+// its leases with the lock, and its answer counts what the deleting
+// transaction left.
 func TestLeaseRowDeletedWhileLocking(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -68,8 +69,9 @@ func TestLeaseRowDeletedWhileLocking(t *testing.T) {
 	require.Eventually(t, func() bool { return blockedBy(t, pool, pid) > 0 }, 10*time.Second, 5*time.Millisecond)
 	_, err = tx.Exec(ctx, `DELETE FROM pgratelimit_buckets WHERE prefix = 'del' AND key = 'k'`)
 	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `INSERT INTO pgratelimit_leases (prefix, key, id, weight, token, acquired_at, expires_at)
-VALUES ('del', 'k', 'other', 1, 0, now(), now() + interval '1 minute')`)
+	_, err = tx.Exec(ctx, `INSERT INTO pgratelimit_buckets (prefix, key, tokens, refilled_at, expires_at, leases)
+VALUES ('del', 'k', 0, '0001-01-01', now() + interval '2 minutes',
+        jsonb_build_array(jsonb_build_object('id', 'other', 'weight', 1, 'token', 0, 'acquired_at', now(), 'expires_at', now() + interval '1 minute')))`)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 

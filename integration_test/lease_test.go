@@ -342,8 +342,9 @@ func TestLeaseWaitThroughPgBouncer(t *testing.T) {
 	require.True(t, r.Acquired)
 }
 
-// Cleanup deletes expired leases only; a deleted lease is not held:
-// Release is nil, Extend ErrLeaseNotFound.
+// An expired lease is remembered for one TTL (ErrLeaseExpired), then
+// forgotten; cleanup deletes a key's row only once every lease in it is
+// forgotten, so it never changes an answer.
 func TestLeaseCleanup(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -355,22 +356,41 @@ func TestLeaseCleanup(t *testing.T) {
 	require.NoError(t, err)
 	eold, err := e.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	clock.Add(20 * time.Second)
+
+	clock.Add(15 * time.Second) // expired 5s ago: remembered
+	cleanup := func() {
+		t.Helper()
+		_, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+		require.NoError(t, err)
+	}
+	cleanup()
+	require.ErrorIs(t, s.Release(ctx, "k", old.Lease.ID), pgratelimit.ErrLeaseExpired)
+	_, err = e.Extend(ctx, "k", eold.Lease.ID)
+	require.ErrorIs(t, err, pgratelimit.ErrLeaseExpired)
 	live, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), live.Held)
+	require.ErrorIs(t, s.Release(ctx, "k", old.Lease.ID), pgratelimit.ErrLeaseExpired, "still remembered after a write")
 
-	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
-	require.NoError(t, err)
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgratelimit_leases) + (SELECT count(*) FROM pgratelimit_ephemeral_leases)`).Scan(&n))
-	require.Equal(t, 1, n, "the live lease stays")
+	clock.Add(10 * time.Second) // old expired 15s ago: forgotten, written or not
 	require.NoError(t, s.Release(ctx, "k", old.Lease.ID))
 	_, err = e.Extend(ctx, "k", eold.Lease.ID)
 	require.ErrorIs(t, err, pgratelimit.ErrLeaseNotFound)
+
+	clock.Add(2 * time.Minute)
+	live2, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	cleanup()
+	var durable, ephemeral int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgratelimit_buckets WHERE prefix = 'c'),
+       (SELECT count(*) FROM pgratelimit_ephemeral_buckets WHERE prefix = 'c')`).Scan(&durable, &ephemeral))
+	require.Equal(t, 1, durable, "the row of a live lease stays")
+	require.Equal(t, 0, ephemeral, "the row whose leases are all forgotten is deleted")
+	_, err = e.Extend(ctx, "k", eold.Lease.ID)
+	require.ErrorIs(t, err, pgratelimit.ErrLeaseNotFound, "the same answer after cleanup")
 	ls, err := s.Leases(ctx, "k")
 	require.NoError(t, err)
-	require.Equal(t, []pgratelimit.Lease{live.Lease}, ls)
+	require.Equal(t, []pgratelimit.Lease{live2.Lease}, ls)
 }
 
 // Invalid input is refused before any database access.

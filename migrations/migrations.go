@@ -103,7 +103,7 @@ func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
 // citus extension.
 var ErrNoCitus = errors.New("pgratelimit migrations: the citus extension is not installed in this database; run CREATE EXTENSION citus on the coordinator first")
 
-// Distribute distributes the bucket, grants, requests, ledger and leases tables by key
+// Distribute distributes the bucket, grants, requests and ledger tables by key
 // across a Citus cluster (create_distributed_table, colocated), so that
 // every statement of a check routes to the one shard that holds its key. Run
 // it on the coordinator after Up (and again after an Up that added a table);
@@ -126,8 +126,7 @@ func Distribute(ctx context.Context, db *sql.DB) error {
 	// Tables distributed by the same text column are colocated by default:
 	// a key's grants live on its buckets' node, so a check's statements all
 	// route to one node.
-	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets", "pgratelimit_grants", "pgratelimit_requests", "pgratelimit_ledger",
-		"pgratelimit_leases", "pgratelimit_ephemeral_leases"} {
+	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets", "pgratelimit_grants", "pgratelimit_requests", "pgratelimit_ledger"} {
 		var exists, distributed bool
 		err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&exists, &distributed)

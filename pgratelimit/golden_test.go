@@ -46,6 +46,13 @@ func TestGoldenSQL(t *testing.T) {
 		fmt.Fprintf(&b, "== citus.set\n%s\n", s.SQL)
 	}
 	fmt.Fprintf(&b, "== grants.lockOne\n%s\n== grants.lockOneSkip\n%s\n", sqlgen.Grants.LockOne, sqlgen.Grants.LockOneSkip)
+	for _, l := range []struct {
+		name string
+		ls   sqlgen.LeaseStatements
+	}{{"leases", sqlgen.Leases}, {"ephemeral leases", sqlgen.EphemeralLeases}} {
+		fmt.Fprintf(&b, "== %[1]s.write.one\n%[2]s\n== %[1]s.write.many\n%[3]s\n== %[1]s.list\n%[4]s\n", l.name, l.ls.Write.One, l.ls.Write.Many, l.ls.List)
+	}
+	fmt.Fprintf(&b, "== leases.tokens\n%s\n== leases.notify.one\n%s\n== leases.notify.many\n%s\n", sqlgen.LeaseTokens, sqlgen.LeaseNotify.One, sqlgen.LeaseNotify.Many)
 	fmt.Fprintf(&b, "== readClock\n%s\n", (&engine.Attempt{}).ReadClock().SQL)
 	for n := 1; n <= 6; n++ {
 		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, sqlgen.SetConfig(n))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -328,8 +329,10 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 	if err := s.read(ctx, "list the leases of "+quoteKey(key), list); err != nil {
 		return nil, err
 	}
+	live := lease.Live(ls, now)
+	slices.SortStableFunc(live, func(a, b lease.Lease) int { return a.AcquiredAt.Compare(b.AcquiredAt) })
 	var out []Lease
-	for _, l := range lease.Live(ls, now) {
+	for _, l := range live {
 		out = append(out, leaseOf(key, l))
 	}
 	return out, nil
@@ -337,16 +340,16 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 
 func scanLeaseList(rs engine.RowScanner, ls *[]lease.Lease, now *time.Time) error {
 	for rs.Next() {
-		var (
-			id             *string
-			weight, token  *int64
-			acquired, exps *time.Time
-		)
-		if err := rs.Scan(&id, &weight, &token, &acquired, &exps, now); err != nil {
+		var col *string
+		if err := rs.Scan(&col, now); err != nil {
 			return err
 		}
-		if id != nil {
-			*ls = append(*ls, lease.Lease{ID: *id, Weight: *weight, Token: *token, AcquiredAt: *acquired, ExpiresAt: *exps})
+		if col != nil {
+			got, err := lease.Decode(*col)
+			if err != nil {
+				return err
+			}
+			*ls = append(*ls, got...)
 		}
 	}
 	return rs.Err()

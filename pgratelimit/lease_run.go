@@ -2,38 +2,15 @@ package pgratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
-	"github.com/pgratelimit/pgratelimit/internal/lease"
 )
-
-// leaseTries bounds the tries of a request whose lease reads came before
-// its key's row was locked (lease.ErrRetry: a cleanup deleted the row in
-// between, which takes a cleanup batch at that very moment, every time).
-const leaseTries = 4
-
-// retryLeases runs q with run until it does not fail with lease.ErrRetry,
-// at most leaseTries times.
-func retryLeases(q *engine.Request, run func() error) error {
-	for try := 1; ; try++ {
-		err := run()
-		if !errors.Is(err, lease.ErrRetry) || try == leaseTries {
-			return err
-		}
-		q.Err, q.Outcomes, q.Allowed = nil, nil, false
-	}
-}
 
 // run runs q as s's operation: in s's transaction (In), else in one of the
 // client's, coalesced unless disabled. what names it in errors.
 func (s *Semaphore) run(q *engine.Request, what string) error {
-	return retryLeases(q, func() error { return s.runOnce(q, s.settings(), what) })
-}
-
-// runOnce is one try of run, with the settings set.
-func (s *Semaphore) runOnce(q *engine.Request, set engine.Settings, what string) error {
+	set := s.settings()
 	if s.tx != nil {
 		return runInTx(s.client, q.Ctx, s.tx.ex, q, set, what)
 	}

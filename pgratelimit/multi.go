@@ -205,15 +205,13 @@ func (cl call) recordLeases(charges []Charge, m MultiResult) {
 // run runs cl's request as charges[0]'s limiter's or semaphore's operation.
 func (cl call) run(charges []Charge) error {
 	set, co := settingsOf(charges), coalesces(charges)
-	return retryLeases(cl.q, func() error {
-		if s := charges[0].Semaphore; s != nil {
-			if s.tx != nil {
-				return runInTx(s.client, cl.q.Ctx, s.tx.ex, cl.q, set, "check")
-			}
-			return s.client.run(cl.q, set, nil, co, "check")
+	if s := charges[0].Semaphore; s != nil {
+		if s.tx != nil {
+			return runInTx(s.client, cl.q.Ctx, s.tx.ex, cl.q, set, "check")
 		}
-		return charges[0].Limiter.run(cl.q, set, co, "check")
-	})
+		return s.client.run(cl.q, set, nil, co, "check")
+	}
+	return charges[0].Limiter.run(cl.q, set, co, "check")
 }
 
 // limiterCharges are the charges of charges with a Limiter (for the

@@ -37,7 +37,7 @@ type leaseOpts struct {
 // namespace and its storage.
 func (f *flags) withLeasePolicy() *flags {
 	f.StringVar(&f.prefix, "prefix", "default", "the semaphore's key namespace (SemaphoreConfig.Prefix)")
-	f.StringVar(&f.storage, "storage", "durable", "durable or ephemeral: the leases table (SemaphoreConfig.Storage)")
+	f.StringVar(&f.storage, "storage", "durable", "durable or ephemeral: the table of the keys' rows, logged or unlogged (SemaphoreConfig.Storage)")
 	return f
 }
 

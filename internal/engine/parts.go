@@ -58,6 +58,12 @@ func (a *Attempt) Now() time.Time { return a.now }
 // Held says whether a holds r's lock (r was not skipped).
 func (a *Attempt) Held(r Row) bool { return a.state[r] != nil }
 
+// Data is the leases column of r as a locked it (the data of the Part that
+// decides r's charges: a key's concurrency leases, as internal/lease writes
+// them), "" when NULL or when a does not hold r. The engine reads it with
+// the lock, in the same statement, and never writes it: its Part does.
+func (a *Attempt) Data(r Row) string { return a.data[r] }
+
 // Own says whether a is a transaction of its own (else the caller's).
 func (a *Attempt) Own() bool { return a.own }
 

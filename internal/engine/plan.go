@@ -85,10 +85,11 @@ type Attempt struct {
 	grantID int64
 
 	// What the decisions write besides the buckets and grants.
-	records []recordWrite // request records, new or settled
-	ledger  [][]any       // ledger rows
-	resets  []Row         // rows to delete
-	locals  map[any]any   // the parts' and observers' state (Local)
+	records []recordWrite  // request records, new or settled
+	ledger  [][]any        // ledger rows
+	resets  []Row          // rows to delete
+	locals  map[any]any    // the parts' and observers' state (Local)
+	data    map[Row]string // the rows' leases column, when not NULL (Data)
 }
 
 func (p *Plan) attempt(ctx context.Context, mode LockMode) *Attempt {
@@ -168,13 +169,14 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			r          Row
 			b          account.Bucket
 			capacity   *int64 // NULL: written by an older release
+			leases     *string
 			clock      time.Time
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
 			ledger     *bool
 		)
 		var here int64 // placements of the row's shard on this node
-		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &clock}
+		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &leases, &clock}
 		if placed {
 			dest = append(dest, &here)
 		}
@@ -182,7 +184,7 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			dest = append(dest, &id, &amount, &exp, &ledger)
 		}
 		for rs.Next() {
-			r, b, capacity, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil
+			r, b, capacity, leases, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
@@ -198,6 +200,12 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 				a.state[r] = st
 			}
 			st.Bucket = b
+			if leases != nil {
+				if a.data == nil {
+					a.data = make(map[Row]string)
+				}
+				a.data[r] = *leases
+			}
 			if id != nil {
 				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
 				if exp != nil {

@@ -8,7 +8,8 @@ import (
 )
 
 // model is a key's leases the simplest way: each ID's weight and expiry,
-// and whether it is there at all.
+// and whether it is there at all (remembered: expired less than a TTL
+// ago).
 type model struct {
 	weight map[string]int64
 	exp    map[string]time.Time
@@ -71,6 +72,12 @@ func FuzzLeases(f *testing.F) {
 // op to the model.
 func checkModel(t *testing.T, i int, lim Limit, m *model, now time.Time, op Op, out Outcome, err error) {
 	t.Helper()
+	for id, e := range m.exp {
+		if !now.Before(e.Add(lim.TTL)) {
+			delete(m.weight, id)
+			delete(m.exp, id)
+		}
+	}
 	w, there := m.weight[op.ID]
 	live := there && now.Before(m.exp[op.ID])
 	switch op.Kind {

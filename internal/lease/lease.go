@@ -4,13 +4,16 @@
 //
 // Apply is the pure decision (no I/O, like internal/account): given a key's
 // leases as stored and the check's clock, what an acquisition, a release or
-// an extension does to them. Part is the engine.Part that reads a key's
-// leases after the engine has locked the key's row, decides each operation in
-// arrival order with Apply, and writes the difference before COMMIT.
+// an extension does to them. Part is the engine.Part that takes a key's
+// leases from its row (the leases column, read with the row's lock),
+// decides each operation in arrival order with Apply, and writes the key's
+// new leases back to the row before COMMIT.
 package lease
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -31,13 +34,14 @@ var (
 	ErrMismatch = account.ErrRequestMismatch
 )
 
-// Lease is a lease of a key, as stored.
+// Lease is a lease of a key, as stored: an element of the JSON array in
+// its row's leases column (see Encode).
 type Lease struct {
-	ID         string
-	Weight     int64
-	Token      int64
-	AcquiredAt time.Time
-	ExpiresAt  time.Time
+	ID         string    `json:"id"`
+	Weight     int64     `json:"weight"`
+	Token      int64     `json:"token"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
 // Live says whether l counts at now: its expiry is after now.
@@ -115,11 +119,69 @@ func Live(ls []Lease, now time.Time) []Lease {
 	return out
 }
 
-// Apply applies op to a key's leases ls under lim at now. It returns the
-// key's leases afterwards (ls itself, unchanged, when op changes nothing)
-// and the outcome. ls is not changed. A denied acquisition, a replay, a
-// release of a lease not held and an error change nothing.
+// Forget returns the leases of ls that a key remembers at now: the live
+// ones, and those expired less than ttl ago (a Release or an Extend of one
+// says it expired). A lease expired longer ago is forgotten, as if it had
+// never been acquired: whether its row has been written or cleaned up
+// since does not change an answer. It returns ls itself when it forgets
+// none; ls is not changed.
+func Forget(ls []Lease, now time.Time, ttl time.Duration) []Lease {
+	gone := func(l Lease) bool { return !now.Before(addSat(l.ExpiresAt, ttl)) }
+	if !slices.ContainsFunc(ls, gone) {
+		return ls
+	}
+	return slices.DeleteFunc(slices.Clone(ls), gone)
+}
+
+// Remembered is the time until which a key with leases ls must keep its
+// row: one ttl after the latest expiry (see Forget); zero when ls is empty.
+func Remembered(ls []Lease, ttl time.Duration) time.Time {
+	var last time.Time
+	for _, l := range ls {
+		if t := addSat(l.ExpiresAt, ttl); t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
+// Encode is the leases column of a key with leases ls: a JSON array of
+// them, "" (NULL) when there are none.
+func Encode(ls []Lease) (string, error) {
+	if len(ls) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(ls)
+	return string(b), err
+}
+
+// Decode reads a leases column written by Encode ("": none).
+func Decode(col string) ([]Lease, error) {
+	if col == "" {
+		return nil, nil
+	}
+	var ls []Lease
+	if err := json.Unmarshal([]byte(col), &ls); err != nil {
+		return nil, fmt.Errorf("pgratelimit: a key's leases column is not what this version writes: %w", err)
+	}
+	return ls, nil
+}
+
+// addSat is t plus d, at most account.MaxTime.
+func addSat(t time.Time, d time.Duration) time.Time {
+	if t.After(account.MaxTime.Add(-d)) {
+		return account.MaxTime
+	}
+	return t.Add(d)
+}
+
+// Apply applies op to a key's leases ls under lim at now, after forgetting
+// those expired at least lim.TTL ago (Forget). It returns the key's leases
+// afterwards and the outcome; ls is not changed. A denied acquisition, a
+// replay, a release of a lease not held and an error change nothing but
+// what Forget dropped (and return the leases Forget returned).
 func Apply(lim Limit, ls []Lease, now time.Time, op Op) ([]Lease, Outcome, error) {
+	ls = Forget(ls, now, lim.TTL)
 	i := slices.IndexFunc(ls, func(l Lease) bool { return l.ID == op.ID })
 	switch op.Kind {
 	case Acquire:
@@ -208,9 +270,4 @@ func retryAfter(lim Limit, ls []Lease, now time.Time, w int64) time.Duration {
 }
 
 // expiry is now plus ttl, at most account.MaxTime.
-func expiry(now time.Time, ttl time.Duration) time.Time {
-	if now.After(account.MaxTime.Add(-ttl)) {
-		return account.MaxTime
-	}
-	return now.Add(ttl)
-}
+func expiry(now time.Time, ttl time.Duration) time.Time { return addSat(now, ttl) }

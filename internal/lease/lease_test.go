@@ -111,3 +111,48 @@ func TestLoweredMax(t *testing.T) {
 		t.Fatalf("%+v", out)
 	}
 }
+
+// An expired lease is remembered for one TTL (ErrExpired), then forgotten
+// as if never acquired, whatever was written in between.
+func TestForgetAfterOneTTL(t *testing.T) {
+	lim := Limit{Max: 2, TTL: 10 * time.Second}
+	ls, _ := apply(t, lim, nil, at(0), Op{Kind: Acquire, ID: "a", Weight: 1, Token: 1})
+	for _, d := range []time.Duration{10 * time.Second, 19 * time.Second} {
+		if _, _, err := Apply(lim, ls, at(d), Op{Kind: Release, ID: "a"}); !errors.Is(err, ErrExpired) {
+			t.Fatalf("release at %v: %v, want ErrExpired", d, err)
+		}
+	}
+	if _, out, err := Apply(lim, ls, at(20*time.Second), Op{Kind: Release, ID: "a"}); err != nil || !out.Allowed || out.Lease.ID != "" {
+		t.Fatalf("release one TTL after expiry: %+v, %v; want not held", out, err)
+	}
+	if _, _, err := Apply(lim, ls, at(20*time.Second), Op{Kind: Extend, ID: "a"}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("extend one TTL after expiry: %v, want ErrNotFound", err)
+	}
+	next, _ := apply(t, lim, ls, at(25*time.Second), Op{Kind: Acquire, ID: "b", Weight: 1, Token: 2})
+	if len(next) != 1 || next[0].ID != "b" {
+		t.Fatalf("leases after an acquisition past a's memory: %+v", next)
+	}
+	if got := Remembered(next, lim.TTL); !got.Equal(at(45 * time.Second)) {
+		t.Fatalf("Remembered = %v, want one TTL past b's expiry", got)
+	}
+}
+
+// The leases column round-trips, and a column this version did not write
+// is an error, not a panic.
+func TestEncodeDecode(t *testing.T) {
+	ls := []Lease{{ID: `odd "id"\`, Weight: 3, Token: 1 << 60, AcquiredAt: at(0), ExpiresAt: at(time.Minute + time.Nanosecond)}}
+	col, err := Encode(ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(col)
+	if err != nil || len(got) != 1 || got[0].ID != ls[0].ID || got[0].Token != ls[0].Token || !got[0].ExpiresAt.Equal(ls[0].ExpiresAt) {
+		t.Fatalf("Decode(Encode(%+v)) = %+v, %v", ls, got, err)
+	}
+	if col, _ := Encode(nil); col != "" {
+		t.Fatalf("Encode(nil) = %q, want NULL", col)
+	}
+	if _, err := Decode(`{"not": "an array"}`); err == nil {
+		t.Fatal("Decode of an object: no error")
+	}
+}

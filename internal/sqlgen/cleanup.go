@@ -17,8 +17,9 @@ type CleanupTable struct {
 }
 
 // CleanupTables are what cleanup deletes: buckets full again (expired),
-// grants spent or expired, request IDs past their retention, leases past
-// their expiry, with a ledgerRetention ledger rows older than it, the alert
+// (with the leases they remember: every lease of the row is then dead, see
+// internal/lease), grants spent or expired, request IDs past their
+// retention, with a ledgerRetention ledger rows older than it, the alert
 // state of periods that have ended, and, with an eventRetention, events
 // delivered longer ago than it (never undelivered ones).
 func CleanupTables(ledgerRetention, eventRetention time.Duration) []CleanupTable {
@@ -31,10 +32,6 @@ func CleanupTables(ledgerRetention, eventRetention time.Duration) []CleanupTable
 		// amount to 0).
 		{Name: GrantsTable, Dead: func(now string) string { return "(amount = 0 OR expires_at <= " + now + " AND NOT ledger)" }},
 		{Name: RequestsTable, Dead: expired, Order: "ORDER BY expires_at"},
-		// A lease past its expiry counts for nothing (released ones are
-		// deleted at once).
-		{Name: LeasesTable, Dead: expired},
-		{Name: EphemeralLeasesTable, Dead: expired},
 	}
 	if ledgerRetention > 0 {
 		age := "interval '" + Interval(ledgerRetention) + "'" // hours and seconds: PostgreSQL 14 reads each field as 32 bits

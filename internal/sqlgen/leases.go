@@ -7,84 +7,46 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The tables of concurrency leases (internal/lease), created by the
-// migrations: one row per lease of a key, in a logged table or an UNLOGGED
-// twin, and the sequence of their fencing tokens (logged for both, so that
-// tokens never go back, not even after a crash empties the unlogged table).
-const (
-	LeasesTable          = "pgratelimit_leases"
-	EphemeralLeasesTable = "pgratelimit_ephemeral_leases"
-	LeaseTokensSequence  = "pgratelimit_lease_tokens"
-)
+// LeaseTokensSequence is the sequence of the leases' fencing tokens,
+// created by the migrations: logged, so that tokens never go back, not even
+// after a crash empties the unlogged bucket table.
+const LeaseTokensSequence = "pgratelimit_lease_tokens"
 
-// LeaseStatements are the statements of one leases table. A key's leases
-// are decided under its lock row, a row of the bucket table of the same
-// storage (the engine inserts and locks it as any bucket's), so no statement
-// here locks anything: every writer of a key's leases holds that row first.
-// Released leases are deleted; an expired one stays until cleanup deletes
-// it (Release and Extend then tell it from one never acquired).
+// LeaseStatements are the statements of the concurrency leases
+// (internal/lease) kept in one bucket table. A key's leases are the leases
+// column of its row (migration 00009), which the engine's lock reads with
+// the row; these write it back, and list it without a lock.
 type LeaseStatements struct {
-	// Read reads every lease of the keys (prefix, key), live or expired:
-	// liveness is judged in Go, by the check's clock.
-	Read Rows
-	// Write inserts or replaces leases: (prefix, key, id, weight, token,
-	// acquired_at, expires_at).
+	// Write writes keys' leases and moves their row's expiry to at least
+	// a time: (prefix, key, leases as JSON or "" for none, expires_at).
+	// It is the lease operations' only write, on the row they locked: also
+	// what makes a transaction under REPEATABLE READ or SERIALIZABLE that
+	// locked the row with an older snapshot fail with a serialization
+	// error rather than decide on leases it cannot see.
 	Write Rows
-	// Delete deletes leases: (prefix, key, id).
-	Delete Rows
-	// Touch moves the expires_at of the keys' lock rows to at least a
-	// time: (prefix, key, expires_at). The row stays a placeholder (its
-	// balance is not touched) that cleanup keeps while the key's leases
-	// live; the write itself makes a transaction under REPEATABLE READ or
-	// SERIALIZABLE that locks the row with an older snapshot fail with a
-	// serialization error rather than count leases it cannot see.
-	Touch Rows
 	// List reads a key's leases ($1, $2) with the clock ($3, else the
-	// database's): a row of NULL lease columns when it has none.
+	// database's): NULL leases when it has none, or no row.
 	List string
 }
 
-// Leases and EphemeralLeases are the statements of the two leases tables,
-// each with the bucket table of its storage for the lock rows.
+// Leases and EphemeralLeases are the lease statements of the two bucket
+// tables.
 var (
-	Leases          = leaseStatements(pgx.Identifier{LeasesTable}.Sanitize(), pgx.Identifier{DurableTable}.Sanitize())
-	EphemeralLeases = leaseStatements(pgx.Identifier{EphemeralLeasesTable}.Sanitize(), pgx.Identifier{EphemeralTable}.Sanitize())
+	Leases          = leaseStatements(pgx.Identifier{DurableTable}.Sanitize())
+	EphemeralLeases = leaseStatements(pgx.Identifier{EphemeralTable}.Sanitize())
 )
 
-func leaseStatements(t, buckets string) LeaseStatements {
-	const cols = `prefix, key, id, weight, token, acquired_at, expires_at`
-	const upsert = `
-ON CONFLICT (prefix, key, id) DO UPDATE SET weight = excluded.weight, token = excluded.token,
-    acquired_at = excluded.acquired_at, expires_at = excluded.expires_at`
+func leaseStatements(t string) LeaseStatements {
 	return LeaseStatements{
-		Read: Rows{
-			One: `SELECT ` + cols + ` FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
-			Many: `SELECT l.prefix, l.key, l.id, l.weight, l.token, l.acquired_at, l.expires_at
-FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key)
-JOIN ` + t + ` l ON l.prefix = r.prefix AND l.key = r.key`,
-		},
 		Write: Rows{
-			One: `INSERT INTO ` + t + ` (` + cols + `)
-VALUES ($1, $2, $3, $4, $5, $6::text::timestamptz, $7::text::timestamptz)` + upsert,
-			Many: `INSERT INTO ` + t + ` (` + cols + `)
-SELECT ` + cols + `
-FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::bigint[], $5::text::bigint[],
-            $6::text::timestamptz[], $7::text::timestamptz[]) AS r(` + cols + `)` + upsert,
-		},
-		Delete: Rows{
-			One: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2 AND id = $3`,
-			Many: `DELETE FROM ` + t + ` l USING unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS r(prefix, key, id)
-WHERE l.prefix = r.prefix AND l.key = r.key AND l.id = r.id`,
-		},
-		Touch: Rows{
-			One: `UPDATE ` + buckets + ` SET expires_at = greatest(expires_at, $3::text::timestamptz) WHERE prefix = $1 AND key = $2`,
-			Many: `UPDATE ` + buckets + ` AS b SET expires_at = greatest(b.expires_at, r.expires_at)
-FROM unnest($1::text::text[], $2::text::text[], $3::text::timestamptz[]) AS r(prefix, key, expires_at)
+			One: `UPDATE ` + t + ` SET leases = NULLIF($3::text, '')::jsonb, expires_at = greatest(expires_at, $4::text::timestamptz)
+WHERE prefix = $1 AND key = $2`,
+			Many: `UPDATE ` + t + ` AS b SET leases = NULLIF(r.leases, '')::jsonb, expires_at = greatest(b.expires_at, r.expires_at)
+FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::timestamptz[]) AS r(prefix, key, leases, expires_at)
 WHERE b.prefix = r.prefix AND b.key = r.key`,
 		},
-		List: `SELECT l.id, l.weight, l.token, l.acquired_at, l.expires_at, COALESCE($3::timestamptz, clock_timestamp())
-FROM (SELECT 1) one LEFT JOIN ` + t + ` l ON l.prefix = $1 AND l.key = $2
-ORDER BY l.acquired_at, l.id`,
+		List: `SELECT b.leases, COALESCE($3::timestamptz, clock_timestamp())
+FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 	}
 }
 

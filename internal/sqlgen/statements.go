@@ -54,7 +54,10 @@ type Table struct {
 	GuardedInsert string
 	// lock and lockSkip lock the rows one by one in the order given, which
 	// is (prefix, key) order, and read them with the clock ($3, or the
-	// database's clock_timestamp() read after each lock). lockSkip skips rows
+	// database's clock_timestamp() read after each lock), and with their
+	// leases column (a key's concurrency leases, NULL for a bucket: see
+	// internal/lease), so that a lease operation reads them under the
+	// lock in the same statement. lockSkip skips rows
 	// that another transaction holds: coalesced batches never wait for a row
 	// lock.
 	Lock, LockSkip string
@@ -139,13 +142,13 @@ func relock(t, values, clock string) string {
 	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + clock
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.leases, ` + clock
 }
 
 // relockGrants is relock with the rows' grants.
 func relockGrants(t, values string) string {
 	return `WITH b AS (` + relock(t, values, dbClock4) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.clock` + grantCols + `
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.leases, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 }
 
@@ -154,9 +157,9 @@ const newOne = `$1, $2, 0, ` + placeholderTime + `, `
 
 // manyRows are the statements over all of a table's rows as arrays.
 func manyRows(t string) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, ` + dbClock3 + `%[2]s
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, t.leases, ` + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity FROM ` + t + `
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity, leases FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
@@ -182,8 +185,8 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 // not empty, is one more column that the lock and relock return after the
 // clock.
 func oneRow(t, extra string) Table {
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity FROM ` + t + `
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.leases, ` + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity, leases FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
 	return Table{
@@ -209,7 +212,7 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 // of grants: the engine reads them in statements of their own
 // (Grants.LockOne).
 func citusRow(t string) Table {
-	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, ` + noClock3 + ` FROM ` + t + `
+	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, leases, ` + noClock3 + ` FROM ` + t + `
 WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	return Table{
 		Lock:     variant(lock, "", false),

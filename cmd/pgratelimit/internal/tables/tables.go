@@ -8,7 +8,8 @@
 package tables
 
 const (
-	// Buckets is the durable storage's bucket table (Storage Durable).
+	// Buckets is the durable storage's bucket table (Storage Durable); a
+	// Semaphore's leases are a column of its keys' rows.
 	Buckets = "pgratelimit_buckets"
 	// EphemeralBuckets is the ephemeral storage's bucket table, unlogged
 	// (Storage Ephemeral).
@@ -19,10 +20,6 @@ const (
 	// ledger's entries (Config.Ledger).
 	Requests = "pgratelimit_requests"
 	Ledger   = "pgratelimit_ledger"
-	// Leases and EphemeralLeases hold the Semaphores' leases, one table per
-	// storage.
-	Leases          = "pgratelimit_leases"
-	EphemeralLeases = "pgratelimit_ephemeral_leases"
 	// AlertState remembers the alert lines that have fired per key and
 	// period, and Events is the outbox of usage alerts (Config.Alerts).
 	AlertState = "pgratelimit_alert_state"
@@ -31,7 +28,7 @@ const (
 
 // Distributed are the tables that migrate distribute (migrations.
 // Distribute) distributes by key on Citus, in its order.
-var Distributed = []string{Buckets, EphemeralBuckets, Grants, Requests, Ledger, Leases, EphemeralLeases}
+var Distributed = []string{Buckets, EphemeralBuckets, Grants, Requests, Ledger}
 
 // Coordinator are the tables that stay on the Citus coordinator, not
 // distributed: consumers claim events across keys.
