@@ -376,9 +376,11 @@ func (s *Semaphore) row(key string) engine.Row {
 	return engine.Row{Storage: s.storage(), Prefix: s.cfg.Prefix, Key: key}
 }
 
-// charge is an operation of kind on key, of weight.
+// charge is an operation of kind on key, of weight. Only an acquisition
+// needs the key's row made: a key without one has no lease to release or
+// extend.
 func (s *Semaphore) charge(kind lease.Kind, key string, weight int64) engine.Charge {
-	return engine.Charge{Row: s.row(key), Cost: weight, Part: lease.Part{Kind: kind, Limit: s.limit}}
+	return engine.Charge{Row: s.row(key), Cost: weight, Part: lease.Part{Kind: kind, Limit: s.limit}, NoInsert: kind != lease.Acquire}
 }
 
 // request is a request of one operation of kind on key, with call.

@@ -89,6 +89,12 @@ type Charge struct {
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part
+	// NoInsert says the charge needs its row only if it exists (a lease's
+	// release or extension: a key without a row has no lease). A coalesced
+	// batch then does not insert it: a missing row defers the request like
+	// a row another transaction holds, and the request runs again waiting
+	// for its locks, with the INSERT.
+	NoInsert bool
 	// Observer, when set, watches the charge as it is decided.
 	Observer Observer
 }

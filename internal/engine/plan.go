@@ -30,6 +30,7 @@ type Plan struct {
 	grants bool
 
 	rows      []Row                    // distinct, in lock order
+	inserts   []Row                    // the rows a batch inserts, when not all (Charge.NoInsert)
 	horizons  map[Row]time.Duration    // of new rows (see statements.insert)
 	intervals map[time.Duration]string // horizons as interval input, formatted once
 }
@@ -54,8 +55,27 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 	}
 	slices.SortFunc(p.rows, CompareRows)
 	p.rows = slices.Compact(p.rows)
+	p.inserts = p.rows
+	for _, q := range reqs {
+		if slices.ContainsFunc(q.Charges, func(c Charge) bool { return c.NoInsert }) {
+			p.inserts = p.needInsert()
+			break
+		}
+	}
 	p.shape = set.Dialect.Shape(len(p.rows), own)
 	return p
+}
+
+// needInsert returns the rows of p that a charge needs inserted (not
+// Charge.NoInsert), in lock order.
+func (p *Plan) needInsert() []Row {
+	need := make(map[Row]bool)
+	for _, q := range p.reqs {
+		for _, c := range q.Charges {
+			need[c.Row] = need[c.Row] || !c.NoInsert
+		}
+	}
+	return slices.DeleteFunc(slices.Clone(p.rows), func(r Row) bool { return !need[r] })
 }
 
 // Interval is the horizon of r as interval input; the rows of a batch mostly
@@ -133,9 +153,16 @@ func (a *Attempt) open() []Stmt {
 			return rs.Err()
 		}})
 	}
+	inserts := a.rows
+	switch a.mode {
+	case SkipLocked:
+		inserts = a.inserts // a missing row a charge does not insert defers its request
+	case SkipLockedNoInsert:
+		inserts = nil
+	}
 	for s, part := range byStorage(a.rows) {
-		if a.mode != SkipLockedNoInsert {
-			stmts = append(stmts, a.shape.Insert(s, part, a)...)
+		if ins := storageRows(inserts, s); len(ins) > 0 {
+			stmts = append(stmts, a.shape.Insert(s, ins, a)...)
 		}
 		stmts = append(stmts, a.shape.Lock(s, part, a)...)
 	}

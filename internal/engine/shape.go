@@ -203,6 +203,16 @@ func byStorage(rows []Row) func(yield func(Storage, []Row) bool) {
 	}
 }
 
+// storageRows returns the rows of sorted rows that are of storage s.
+func storageRows(rows []Row, s Storage) []Row {
+	for t, part := range byStorage(rows) {
+		if t == s {
+			return part
+		}
+	}
+	return nil
+}
+
 func prefixArray(rows []Row) string {
 	return sqlgen.TextArray(len(rows), func(i int) string { return rows[i].Prefix })
 }
