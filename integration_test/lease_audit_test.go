@@ -244,7 +244,7 @@ func monitor(admin *pgxpool.Pool, prefix string, stop chan struct{}, violations 
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		rows, err := admin.Query(ctx, `SELECT b.key, sum((l->>'weight')::bigint)
-FROM pgratelimit_buckets b, jsonb_array_elements(b.leases) l
+FROM pgratelimit_buckets b, json_array_elements(b.leases) l
 WHERE b.prefix = $1 AND (l->>'expires_at')::timestamptz > clock_timestamp() GROUP BY b.key HAVING sum((l->>'weight')::bigint) > $2`, prefix, auditMax)
 		if err == nil {
 			for rows.Next() {

@@ -71,7 +71,7 @@ func TestLeaseRowDeletedWhileLocking(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, `INSERT INTO pgratelimit_buckets (prefix, key, tokens, refilled_at, expires_at, leases)
 VALUES ('del', 'k', 0, '0001-01-01', now() + interval '2 minutes',
-        jsonb_build_array(jsonb_build_object('id', 'other', 'weight', 1, 'token', 0, 'acquired_at', now(), 'expires_at', now() + interval '1 minute')))`)
+        json_build_array(json_build_object('id', 'other', 'weight', 1, 'token', 0, 'acquired_at', now(), 'expires_at', now() + interval '1 minute')))`)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 

@@ -9,12 +9,12 @@
 -- them back with the row's expiry, so that an acquisition or a release
 -- costs what a check does.
 --
--- leases is a JSON array of the key's leases, oldest first, NULL when it
+-- leases (json: kept as written) is an array of the key's leases, NULL when it
 -- has none: {"id", "weight", "token", "acquired_at", "expires_at"}, the
 -- times as JSON gives them (RFC 3339). A lease counts while expires_at is
 -- after the check's clock. An expired one is remembered for one TTL more
--- (Release and Extend of it say it expired), then dropped by the next
--- write of the key; the row's expires_at is kept at least one TTL past the
+-- (Release and Extend of it say it expired), then forgotten, as if never
+-- acquired (the next write of the key drops it); the row's expires_at is kept at least one TTL past the
 -- latest lease's expiry, so cleanup never deletes a row whose leases are
 -- remembered. Storage Ephemeral keeps them in the UNLOGGED bucket table:
 -- PostgreSQL empties it after a crash, forgetting every lease; the
@@ -26,12 +26,12 @@
 -- tables were colocated by key: the move runs on each shard.
 
 -- +goose Up
-ALTER TABLE pgratelimit_buckets ADD COLUMN leases jsonb;
-ALTER TABLE pgratelimit_ephemeral_buckets ADD COLUMN leases jsonb;
+ALTER TABLE pgratelimit_buckets ADD COLUMN leases json;
+ALTER TABLE pgratelimit_ephemeral_buckets ADD COLUMN leases json;
 
 INSERT INTO pgratelimit_buckets AS b (prefix, key, tokens, refilled_at, expires_at, leases)
 SELECT prefix, key, 0, timestamptz '0001-01-01 00:00:00+00', max(expires_at) + interval '1 hour',
-       jsonb_agg(jsonb_build_object('id', id, 'weight', weight, 'token', token,
+       json_agg(json_build_object('id', id, 'weight', weight, 'token', token,
                                     'acquired_at', acquired_at, 'expires_at', expires_at) ORDER BY acquired_at, id)
 FROM pgratelimit_leases
 GROUP BY prefix, key
@@ -39,7 +39,7 @@ ON CONFLICT (prefix, key) DO UPDATE SET leases = excluded.leases, expires_at = g
 
 INSERT INTO pgratelimit_ephemeral_buckets AS b (prefix, key, tokens, refilled_at, expires_at, leases)
 SELECT prefix, key, 0, timestamptz '0001-01-01 00:00:00+00', max(expires_at) + interval '1 hour',
-       jsonb_agg(jsonb_build_object('id', id, 'weight', weight, 'token', token,
+       json_agg(json_build_object('id', id, 'weight', weight, 'token', token,
                                     'acquired_at', acquired_at, 'expires_at', expires_at) ORDER BY acquired_at, id)
 FROM pgratelimit_ephemeral_leases
 GROUP BY prefix, key
@@ -74,13 +74,13 @@ CREATE UNLOGGED TABLE pgratelimit_ephemeral_leases (
 INSERT INTO pgratelimit_leases (prefix, key, id, weight, token, acquired_at, expires_at)
 SELECT b.prefix, b.key, l.id, l.weight, l.token, l.acquired_at, l.expires_at
 FROM pgratelimit_buckets b,
-     jsonb_to_recordset(b.leases) AS l(id text, weight bigint, token bigint, acquired_at timestamptz, expires_at timestamptz)
+     json_to_recordset(b.leases) AS l(id text, weight bigint, token bigint, acquired_at timestamptz, expires_at timestamptz)
 WHERE b.leases IS NOT NULL;
 
 INSERT INTO pgratelimit_ephemeral_leases (prefix, key, id, weight, token, acquired_at, expires_at)
 SELECT b.prefix, b.key, l.id, l.weight, l.token, l.acquired_at, l.expires_at
 FROM pgratelimit_ephemeral_buckets b,
-     jsonb_to_recordset(b.leases) AS l(id text, weight bigint, token bigint, acquired_at timestamptz, expires_at timestamptz)
+     json_to_recordset(b.leases) AS l(id text, weight bigint, token bigint, acquired_at timestamptz, expires_at timestamptz)
 WHERE b.leases IS NOT NULL;
 
 ALTER TABLE pgratelimit_ephemeral_buckets DROP COLUMN leases;

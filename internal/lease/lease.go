@@ -11,9 +11,7 @@
 package lease
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -35,7 +33,8 @@ var (
 )
 
 // Lease is a lease of a key, as stored: an element of the JSON array in
-// its row's leases column (see Encode).
+// its row's leases column (see Encode; the tags name its fields for
+// encoding/json, which Decode falls back to).
 type Lease struct {
 	ID         string    `json:"id"`
 	Weight     int64     `json:"weight"`
@@ -143,28 +142,6 @@ func Remembered(ls []Lease, ttl time.Duration) time.Time {
 		}
 	}
 	return last
-}
-
-// Encode is the leases column of a key with leases ls: a JSON array of
-// them, "" (NULL) when there are none.
-func Encode(ls []Lease) (string, error) {
-	if len(ls) == 0 {
-		return "", nil
-	}
-	b, err := json.Marshal(ls)
-	return string(b), err
-}
-
-// Decode reads a leases column written by Encode ("": none).
-func Decode(col string) ([]Lease, error) {
-	if col == "" {
-		return nil, nil
-	}
-	var ls []Lease
-	if err := json.Unmarshal([]byte(col), &ls); err != nil {
-		return nil, fmt.Errorf("pgratelimit: a key's leases column is not what this version writes: %w", err)
-	}
-	return ls, nil
 }
 
 // addSat is t plus d, at most account.MaxTime.

@@ -137,22 +137,3 @@ func TestForgetAfterOneTTL(t *testing.T) {
 	}
 }
 
-// The leases column round-trips, and a column this version did not write
-// is an error, not a panic.
-func TestEncodeDecode(t *testing.T) {
-	ls := []Lease{{ID: `odd "id"\`, Weight: 3, Token: 1 << 60, AcquiredAt: at(0), ExpiresAt: at(time.Minute + time.Nanosecond)}}
-	col, err := Encode(ls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := Decode(col)
-	if err != nil || len(got) != 1 || got[0].ID != ls[0].ID || got[0].Token != ls[0].Token || !got[0].ExpiresAt.Equal(ls[0].ExpiresAt) {
-		t.Fatalf("Decode(Encode(%+v)) = %+v, %v", ls, got, err)
-	}
-	if col, _ := Encode(nil); col != "" {
-		t.Fatalf("Encode(nil) = %q, want NULL", col)
-	}
-	if _, err := Decode(`{"not": "an array"}`); err == nil {
-		t.Fatal("Decode of an object: no error")
-	}
-}

@@ -29,10 +29,7 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 			continue
 		}
 		kept := Forget(ks.leases, now, ks.ttl)
-		col, err := Encode(kept)
-		if err != nil {
-			continue // leases decoded from JSON always encode: cannot happen
-		}
+		col := Encode(kept)
 		keep := Remembered(kept, ks.ttl)
 		if keep.Before(now) {
 			keep = now

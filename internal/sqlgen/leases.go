@@ -39,9 +39,9 @@ var (
 func leaseStatements(t string) LeaseStatements {
 	return LeaseStatements{
 		Write: Rows{
-			One: `UPDATE ` + t + ` SET leases = NULLIF($3::text, '')::jsonb, expires_at = greatest(expires_at, $4::text::timestamptz)
+			One: `UPDATE ` + t + ` SET leases = NULLIF($3::text, '')::json, expires_at = greatest(expires_at, $4::text::timestamptz)
 WHERE prefix = $1 AND key = $2`,
-			Many: `UPDATE ` + t + ` AS b SET leases = NULLIF(r.leases, '')::jsonb, expires_at = greatest(b.expires_at, r.expires_at)
+			Many: `UPDATE ` + t + ` AS b SET leases = NULLIF(r.leases, '')::json, expires_at = greatest(b.expires_at, r.expires_at)
 FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::timestamptz[]) AS r(prefix, key, leases, expires_at)
 WHERE b.prefix = r.prefix AND b.key = r.key`,
 		},
