@@ -393,6 +393,37 @@ func TestLeaseCleanup(t *testing.T) {
 	require.Equal(t, []pgratelimit.Lease{live2.Lease}, ls)
 }
 
+// A coalesced batch inserts a key's row only for an acquisition on a key
+// the semaphore has not seen: a release or an extension of a key without a
+// row, and an acquisition of a key whose row cleanup deleted since, are
+// deferred and run again with the INSERT, with the answers they would get
+// anyway.
+func TestLeaseKeyRowGone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "gone", Max: 1, TTL: time.Minute})
+	require.NoError(t, s.Release(ctx, "never", "x"), "a release on a key without a row")
+	_, err := s.Extend(ctx, "never", "x")
+	require.ErrorIs(t, err, pgratelimit.ErrLeaseNotFound)
+
+	for i := range 3 {
+		r, err := s.Acquire(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, r.Acquired, "try %d", i)
+		require.NoError(t, s.Release(ctx, "k", r.Lease.ID))
+		// What cleanup does once the key's leases are all forgotten.
+		_, err = pool.Exec(ctx, `DELETE FROM pgratelimit_buckets WHERE prefix = 'gone' AND key = 'k'`)
+		require.NoError(t, err)
+	}
+	r, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.True(t, r.Acquired)
+	denied, err := s.Acquire(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, denied.Acquired, "the row made again holds the lease")
+}
+
 // Invalid input is refused before any database access.
 func TestLeaseInputs(t *testing.T) {
 	t.Parallel()

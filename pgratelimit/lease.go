@@ -175,6 +175,7 @@ type Semaphore struct {
 	log     *slog.Logger
 	metrics *leaseInstruments
 	wake    *waker
+	rows    *knownRows // shared with its In copies
 }
 
 // NewSemaphore returns a Semaphore for cfg that keeps its leases in the
@@ -207,7 +208,7 @@ func newSemaphore(c *Client, cfg SemaphoreConfig) (*Semaphore, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Semaphore{client: c, cfg: cfg, limit: lease.Limit{Max: cfg.Max, TTL: cfg.TTL}, log: log,
-		metrics: newLeaseInstruments(cfg.MeterProvider, cfg.Prefix)}
+		metrics: newLeaseInstruments(cfg.MeterProvider, cfg.Prefix), rows: &knownRows{}}
 	if cfg.Clock != nil {
 		s.clock = &engine.Clock{Now: cfg.Clock}
 	}
@@ -260,6 +261,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	if err := s.run(q, "acquire a lease of "+quoteKey(key)); err != nil {
 		return LeaseResult{}, err
 	}
+	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	s.metrics.record(q.Ctx, key, q.Allowed, out)
 	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter}
@@ -304,6 +306,7 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	call := &lease.Call{ID: id}
 	q := s.request(ctx, call, kind, key, 1)
 	err := s.run(q, verb+" lease "+strconv.Quote(id)+" of "+quoteKey(key))
+	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	if kind == lease.Release && (err == nil || errors.Is(err, lease.ErrExpired)) {
 		s.metrics.released(q.Ctx, key, id)
@@ -376,11 +379,21 @@ func (s *Semaphore) row(key string) engine.Row {
 	return engine.Row{Storage: s.storage(), Prefix: s.cfg.Prefix, Key: key}
 }
 
-// charge is an operation of kind on key, of weight. Only an acquisition
-// needs the key's row made: a key without one has no lease to release or
+// charge is an operation of kind on key, of weight. A coalesced batch
+// inserts the key's row only for an acquisition on a key whose row s has
+// not seen (knownRows): a key without a row has no lease to release or
 // extend.
 func (s *Semaphore) charge(kind lease.Kind, key string, weight int64) engine.Charge {
-	return engine.Charge{Row: s.row(key), Cost: weight, Part: lease.Part{Kind: kind, Limit: s.limit}, NoInsert: kind != lease.Acquire}
+	return engine.Charge{Row: s.row(key), Cost: weight, Part: lease.Part{Kind: kind, Limit: s.limit},
+		NoInsert: kind != lease.Acquire || s.rows.has(key)}
+}
+
+// decided notes that an operation of s on key was decided: the key's row
+// exists.
+func (s *Semaphore) decided(key string, call *lease.Call) {
+	if _, ok := call.Outcome(s.row(key)); ok {
+		s.rows.add(key)
+	}
 }
 
 // request is a request of one operation of kind on key, with call.

@@ -197,6 +197,7 @@ func (cl call) recordLeases(charges []Charge, m MultiResult) {
 			continue
 		}
 		if out, ok := cl.lease.Outcome(c.Semaphore.row(c.Key)); ok {
+			c.Semaphore.rows.add(c.Key)
 			c.Semaphore.metrics.record(cl.q.Ctx, c.Key, m.Allowed, out)
 		}
 	}
