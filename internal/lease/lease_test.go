@@ -136,4 +136,3 @@ func TestForgetAfterOneTTL(t *testing.T) {
 		t.Fatalf("Remembered = %v, want one TTL past b's expiry", got)
 	}
 }
-
