@@ -424,6 +424,37 @@ func TestLeaseKeyRowGone(t *testing.T) {
 	require.False(t, denied.Acquired, "the row made again holds the lease")
 }
 
+// A Limiter and a Semaphore with the same Prefix and Storage would share
+// their keys' rows: an operation of either on a row that holds the
+// other's state is ErrInvalidConfig, and changes nothing.
+func TestLeaseSharedPrefix(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	lim, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "shared", Capacity: 5, Refill: 1, Interval: time.Minute})
+	require.NoError(t, err)
+	sem := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "shared", Max: 2, TTL: time.Minute})
+
+	r, err := lim.Allow(ctx, "bucket")
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	_, err = sem.Acquire(ctx, "bucket", 1)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+
+	l, err := sem.Acquire(ctx, "leases", 1)
+	require.NoError(t, err)
+	require.True(t, l.Acquired)
+	_, err = lim.Allow(ctx, "leases")
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	require.ErrorIs(t, lim.Reset(ctx, "leases"), pgratelimit.ErrInvalidConfig)
+	ls, err := sem.Leases(ctx, "leases")
+	require.NoError(t, err)
+	require.Equal(t, []pgratelimit.Lease{l.Lease}, ls, "the lease is untouched")
+	peek, err := lim.Peek(ctx, "bucket")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), peek.Remaining, "the bucket is untouched")
+}
+
 // Invalid input is refused before any database access.
 func TestLeaseInputs(t *testing.T) {
 	t.Parallel()

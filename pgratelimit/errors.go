@@ -13,7 +13,11 @@ import (
 var (
 	// ErrInvalidConfig is returned by New when a Config field is out of range.
 	// The message names the field.
-	ErrInvalidConfig = errors.New("pgratelimit: invalid config")
+	// An operation of a Limiter on a key whose row holds a Semaphore's
+	// leases, or of a Semaphore on one whose row holds a Limiter's bucket,
+	// is ErrInvalidConfig too: the two share a Prefix and Storage, and so
+	// the keys' rows.
+	ErrInvalidConfig = engine.ErrInvalidConfig
 
 	// ErrInvalidKey is returned for a key that is empty, longer than MaxKeyLen
 	// bytes, not valid UTF-8, or contains a NUL byte. Nothing reaches the

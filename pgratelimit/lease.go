@@ -41,9 +41,10 @@ var (
 // required.
 type SemaphoreConfig struct {
 	// Prefix is the namespace of the semaphore's keys. Semaphores with the
-	// same Prefix and Storage share their keys' leases. A Limiter with the
-	// same Prefix and Storage shares the keys' row locks (not their
-	// counts) and cannot be charged with the semaphore in one AllowAll.
+	// same Prefix and Storage share their keys' leases. A key's leases are
+	// kept in its row of the bucket table: a Limiter must not have the
+	// same Prefix and Storage (an operation of either on a key whose row
+	// holds the other's state is ErrInvalidConfig).
 	// Required: non-empty, valid UTF-8, no NUL, at most MaxPrefixLen
 	// bytes.
 	Prefix string
@@ -273,9 +274,9 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 
 // Release gives the units of lease id back: they are free at once, and
 // Wait calls on the key are woken. Releasing a lease that is not held
-// (released before, or never acquired, or expired and deleted by cleanup)
-// is nil; one whose TTL has passed is ErrLeaseExpired (its units were
-// already free).
+// (released before, never acquired, or forgotten: expired more than one
+// TTL ago) is nil; one whose TTL has passed less than one TTL ago is
+// ErrLeaseExpired (its units were already free).
 func (s *Semaphore) Release(ctx context.Context, key, id string) error {
 	_, err := s.change(ctx, lease.Release, key, id, "release")
 	return err
@@ -286,7 +287,7 @@ func (s *Semaphore) Release(ctx context.Context, key, id string) error {
 // outlast the TTL. A lease whose TTL has already passed is
 // ErrLeaseExpired, even if its units are still free: its holder must
 // acquire again. One that is not held (released, never acquired, or
-// deleted by cleanup once expired) is ErrLeaseNotFound.
+// forgotten: expired more than one TTL ago) is ErrLeaseNotFound.
 func (s *Semaphore) Extend(ctx context.Context, key, id string) (Lease, error) {
 	out, err := s.change(ctx, lease.Extend, key, id, "extend")
 	if err != nil {

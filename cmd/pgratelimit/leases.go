@@ -36,7 +36,7 @@ type leaseOpts struct {
 // withLeasePolicy adds the flags of the lease commands' semaphore: its
 // namespace and its storage.
 func (f *flags) withLeasePolicy() *flags {
-	f.StringVar(&f.prefix, "prefix", "default", "the semaphore's key namespace (SemaphoreConfig.Prefix)")
+	f.StringVar(&f.prefix, "prefix", "leases", "the semaphore's key namespace (SemaphoreConfig.Prefix; not a limiter's: keys' rows hold either a bucket or leases)")
 	f.StringVar(&f.storage, "storage", "durable", "durable or ephemeral: the table of the keys' rows, logged or unlogged (SemaphoreConfig.Storage)")
 	return f
 }

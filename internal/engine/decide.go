@@ -41,6 +41,10 @@ func (a *Attempt) decideOne(q *Request) {
 	news, changes = news[:len(q.Charges)], changes[:len(q.Charges)]
 	allowed := true
 	for i, c := range q.Charges {
+		if err := a.shared(c); err != nil {
+			q.Err = err
+			return
+		}
 		var err error
 		if c.Part != nil {
 			changes[i].Outcome, err = c.Part.Decide(a, q, c)
@@ -122,6 +126,28 @@ func (a *Attempt) apply(q *Request, c Charge, ns account.State, ch account.Chang
 				e.Balance, e.GrantsAmount, e.Granted})
 		}
 	}
+}
+
+// ErrInvalidConfig is the root package's: a setting out of range, or (see
+// Attempt.shared) a Prefix and Storage shared by limiters and semaphores.
+var ErrInvalidConfig = errors.New("pgratelimit: invalid config")
+
+// shared fails a charge on a row that holds the state of another kind: a
+// Part's data (a semaphore's leases) under a bucket's charge, or a
+// bucket's balance (a placeholder's refilled_at is the zero time) under a
+// Part's. A Limiter and a Semaphore with the same Prefix and Storage would
+// share their keys' rows, and each would undo the other's writes.
+func (a *Attempt) shared(c Charge) error {
+	other := "a semaphore's leases"
+	if c.Part != nil {
+		if a.state[c.Row].Bucket.RefilledAt.IsZero() {
+			return nil
+		}
+		other = "a limiter's bucket"
+	} else if a.data[c.Row] == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: the row of %s of prefix %q holds %s: a Limiter and a Semaphore cannot share a Prefix and Storage", ErrInvalidConfig, QuoteKey(c.Row.Key), c.Row.Prefix, other)
 }
 
 // requestError is err of the account model for q on c, with what it was.
