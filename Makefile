@@ -13,7 +13,7 @@ MODULES := . cmd/pgratelimit integration_test bench grpclimit connectlimit
 # FUZZLONG.
 FUZZ := ./internal/account/:FuzzAccount ./internal/account/:FuzzRefillMath \
   ./internal/account/:FuzzSchedule ./pgratelimit/:FuzzValidate \
-  ./internal/lease/:FuzzLeases ./internal/alert/:FuzzCrossed \
+  ./internal/lease/:FuzzLeases ./internal/lease/:FuzzCodec ./internal/alert/:FuzzCrossed \
   ./internal/alert/:FuzzOncePerPeriod ./internal/citus/:FuzzHashText
 
 .DEFAULT_GOAL := help
