@@ -9,17 +9,17 @@
 -- them back with the row's expiry, so that an acquisition or a release
 -- costs what a check does.
 --
--- leases (json: kept as written) is an array of the key's leases, NULL when it
--- has none: {"id", "weight", "token", "acquired_at", "expires_at"}, the
--- times as JSON gives them (RFC 3339). A lease counts while expires_at is
--- after the check's clock. An expired one is remembered for one TTL more
--- (Release and Extend of it say it expired), then forgotten, as if never
--- acquired (the next write of the key drops it); the row's expires_at is kept at least one TTL past the
--- latest lease's expiry, so cleanup never deletes a row whose leases are
--- remembered. Storage Ephemeral keeps them in the UNLOGGED bucket table:
--- PostgreSQL empties it after a crash, forgetting every lease; the
--- fencing tokens' sequence (pgratelimit_lease_tokens) is logged, so tokens
--- never go back.
+-- leases (json: kept as written) is an array of the key's leases, NULL when
+-- it has none: {"id", "weight", "token", "acquired_at", "expires_at",
+-- "ttl"}, the times as JSON gives them (RFC 3339), ttl in nanoseconds. A
+-- lease counts while expires_at is after the check's clock. An expired one
+-- is remembered for its TTL more (Release and Extend of it say it expired),
+-- then forgotten, as if never acquired (the next write of the key drops
+-- it). The row's expires_at is kept at or past the time its last lease is
+-- forgotten, so cleanup never deletes a row whose leases are remembered.
+-- Storage Ephemeral keeps them in the UNLOGGED bucket table: PostgreSQL
+-- empties it after a crash, forgetting every lease; the fencing tokens'
+-- sequence (pgratelimit_lease_tokens) is logged, so tokens never go back.
 --
 -- The leases of 00007's tables move into the column (with their row's
 -- expiry pushed past them), and the tables are dropped. On Citus the
@@ -30,17 +30,19 @@ ALTER TABLE pgratelimit_buckets ADD COLUMN leases json;
 ALTER TABLE pgratelimit_ephemeral_buckets ADD COLUMN leases json;
 
 INSERT INTO pgratelimit_buckets AS b (prefix, key, tokens, refilled_at, expires_at, leases)
-SELECT prefix, key, 0, timestamptz '0001-01-01 00:00:00+00', max(expires_at) + interval '1 hour',
+SELECT prefix, key, 0, timestamptz '0001-01-01 00:00:00+00', max(expires_at + (expires_at - acquired_at)),
        json_agg(json_build_object('id', id, 'weight', weight, 'token', token,
-                                    'acquired_at', acquired_at, 'expires_at', expires_at) ORDER BY acquired_at, id)
+                                    'acquired_at', acquired_at, 'expires_at', expires_at,
+                                    'ttl', (extract(epoch FROM expires_at - acquired_at) * 1000000000)::bigint) ORDER BY acquired_at, id)
 FROM pgratelimit_leases
 GROUP BY prefix, key
 ON CONFLICT (prefix, key) DO UPDATE SET leases = excluded.leases, expires_at = greatest(b.expires_at, excluded.expires_at);
 
 INSERT INTO pgratelimit_ephemeral_buckets AS b (prefix, key, tokens, refilled_at, expires_at, leases)
-SELECT prefix, key, 0, timestamptz '0001-01-01 00:00:00+00', max(expires_at) + interval '1 hour',
+SELECT prefix, key, 0, timestamptz '0001-01-01 00:00:00+00', max(expires_at + (expires_at - acquired_at)),
        json_agg(json_build_object('id', id, 'weight', weight, 'token', token,
-                                    'acquired_at', acquired_at, 'expires_at', expires_at) ORDER BY acquired_at, id)
+                                    'acquired_at', acquired_at, 'expires_at', expires_at,
+                                    'ttl', (extract(epoch FROM expires_at - acquired_at) * 1000000000)::bigint) ORDER BY acquired_at, id)
 FROM pgratelimit_ephemeral_leases
 GROUP BY prefix, key
 ON CONFLICT (prefix, key) DO UPDATE SET leases = excluded.leases, expires_at = greatest(b.expires_at, excluded.expires_at);

@@ -11,7 +11,8 @@ import (
 
 // A key's leases column is a JSON array of its leases (json, which
 // PostgreSQL keeps as written): [{"id":"…","weight":1,"token":7,
-// "acquired_at":"…","expires_at":"…"}], the times in RFC 3339. Encode
+// "acquired_at":"…","expires_at":"…","ttl":30000000000}], the times in
+// RFC 3339, the TTL in nanoseconds. Encode
 // writes exactly that, and Decode reads it without encoding/json (a
 // lease operation reads and writes a key's leases every time); anything
 // else, such as what migration 00009 wrote, goes through encoding/json.
@@ -38,7 +39,9 @@ func Encode(ls []Lease) string {
 		b = l.AcquiredAt.AppendFormat(b, time.RFC3339Nano)
 		b = append(b, `","expires_at":"`...)
 		b = l.ExpiresAt.AppendFormat(b, time.RFC3339Nano)
-		b = append(b, `"}`...)
+		b = append(b, `","ttl":`...)
+		b = strconv.AppendInt(b, int64(l.TTL), 10)
+		b = append(b, '}')
 	}
 	return string(append(b, ']'))
 }
@@ -127,6 +130,14 @@ func decodeOwn(s string) ([]Lease, bool) {
 		if l.ExpiresAt, s, ok = timeString(s); !ok {
 			return nil, false
 		}
+		if s, ok = strings.CutPrefix(s, `,"ttl":`); !ok {
+			return nil, false
+		}
+		var ttl int64
+		if ttl, s, ok = integer(s); !ok {
+			return nil, false
+		}
+		l.TTL = time.Duration(ttl)
 		if s, ok = strings.CutPrefix(s, "}"); !ok {
 			return nil, false
 		}

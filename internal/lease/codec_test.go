@@ -15,7 +15,7 @@ func FuzzCodec(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id string, weight, token, acq, ttl int64, id2 string) {
 		base := time.Date(2026, 11, 25, 13, 0, 0, 0, time.UTC)
 		ls := []Lease{
-			{ID: id, Weight: weight, Token: token, AcquiredAt: base.Add(time.Duration(acq)), ExpiresAt: base.Add(time.Duration(acq + ttl))},
+			{ID: id, Weight: weight, Token: token, AcquiredAt: base.Add(time.Duration(acq)), ExpiresAt: base.Add(time.Duration(acq + ttl)), TTL: time.Duration(ttl)},
 			{ID: id2, Weight: 1, Token: token + 1, AcquiredAt: base.In(time.FixedZone("", 3600)), ExpiresAt: base.Add(time.Minute)},
 		}
 		col := Encode(ls)
@@ -35,7 +35,7 @@ func FuzzCodec(f *testing.F) {
 		}
 		for i := range ls {
 			if !ls[i].AcquiredAt.Equal(got[i].AcquiredAt) || !ls[i].ExpiresAt.Equal(got[i].ExpiresAt) ||
-				ls[i].Weight != got[i].Weight || ls[i].Token != got[i].Token {
+				ls[i].Weight != got[i].Weight || ls[i].Token != got[i].Token || ls[i].TTL != got[i].TTL {
 				t.Fatalf("lease %d: wrote %+v, read %+v", i, ls[i], got[i])
 			}
 		}
@@ -43,15 +43,15 @@ func FuzzCodec(f *testing.F) {
 }
 
 func sameLease(a, b Lease) bool {
-	return a.ID == b.ID && a.Weight == b.Weight && a.Token == b.Token && a.AcquiredAt.Equal(b.AcquiredAt) && a.ExpiresAt.Equal(b.ExpiresAt)
+	return a.ID == b.ID && a.Weight == b.Weight && a.Token == b.Token && a.AcquiredAt.Equal(b.AcquiredAt) && a.ExpiresAt.Equal(b.ExpiresAt) && a.TTL == b.TTL
 }
 
 // A column written otherwise (migration 00009's json_agg, with spaces) is
 // read through encoding/json; one that is not an array of leases is an
 // error, not a panic; NULL is no leases.
 func TestDecodeOthers(t *testing.T) {
-	got, err := Decode(`[{"id" : "a", "token" : 5, "weight" : 2, "acquired_at" : "2026-11-25T13:00:00.123456+00:00", "expires_at" : "2026-11-25T13:01:00+00:00"}]`)
-	want := Lease{ID: "a", Weight: 2, Token: 5, AcquiredAt: time.Date(2026, 11, 25, 13, 0, 0, 123456000, time.UTC), ExpiresAt: time.Date(2026, 11, 25, 13, 1, 0, 0, time.UTC)}
+	got, err := Decode(`[{"id" : "a", "token" : 5, "weight" : 2, "acquired_at" : "2026-11-25T13:00:00.123456+00:00", "expires_at" : "2026-11-25T13:01:00+00:00", "ttl" : 60000000000}]`)
+	want := Lease{ID: "a", Weight: 2, Token: 5, AcquiredAt: time.Date(2026, 11, 25, 13, 0, 0, 123456000, time.UTC), ExpiresAt: time.Date(2026, 11, 25, 13, 1, 0, 0, time.UTC), TTL: time.Minute}
 	if err != nil || len(got) != 1 || !sameLease(got[0], want) {
 		t.Fatalf("Decode = %+v, %v; want %+v", got, err, want)
 	}

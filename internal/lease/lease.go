@@ -41,6 +41,9 @@ type Lease struct {
 	Token      int64     `json:"token"`
 	AcquiredAt time.Time `json:"acquired_at"`
 	ExpiresAt  time.Time `json:"expires_at"`
+	// TTL is the semaphore's when it was acquired or last extended: the
+	// lease is remembered for one TTL after it expired (see Forget).
+	TTL time.Duration `json:"ttl"`
 }
 
 // Live says whether l counts at now: its expiry is after now.
@@ -119,13 +122,13 @@ func Live(ls []Lease, now time.Time) []Lease {
 }
 
 // Forget returns the leases of ls that a key remembers at now: the live
-// ones, and those expired less than ttl ago (a Release or an Extend of one
-// says it expired). A lease expired longer ago is forgotten, as if it had
-// never been acquired: whether its row has been written or cleaned up
-// since does not change an answer. It returns ls itself when it forgets
-// none; ls is not changed.
-func Forget(ls []Lease, now time.Time, ttl time.Duration) []Lease {
-	gone := func(l Lease) bool { return !now.Before(addSat(l.ExpiresAt, ttl)) }
+// ones, and those expired less than their TTL ago (a Release or an Extend
+// of one says it expired). A lease expired longer ago is forgotten, as if
+// it had never been acquired: whether its row has been written or cleaned
+// up since, and by which semaphore, does not change an answer. It returns
+// ls itself when it forgets none; ls is not changed.
+func Forget(ls []Lease, now time.Time) []Lease {
+	gone := func(l Lease) bool { return !now.Before(addSat(l.ExpiresAt, l.TTL)) }
 	if !slices.ContainsFunc(ls, gone) {
 		return ls
 	}
@@ -133,11 +136,12 @@ func Forget(ls []Lease, now time.Time, ttl time.Duration) []Lease {
 }
 
 // Remembered is the time until which a key with leases ls must keep its
-// row: one ttl after the latest expiry (see Forget); zero when ls is empty.
-func Remembered(ls []Lease, ttl time.Duration) time.Time {
+// row: the latest of their expiries plus TTL (see Forget); zero when ls is
+// empty.
+func Remembered(ls []Lease) time.Time {
 	var last time.Time
 	for _, l := range ls {
-		if t := addSat(l.ExpiresAt, ttl); t.After(last) {
+		if t := addSat(l.ExpiresAt, l.TTL); t.After(last) {
 			last = t
 		}
 	}
@@ -153,12 +157,12 @@ func addSat(t time.Time, d time.Duration) time.Time {
 }
 
 // Apply applies op to a key's leases ls under lim at now, after forgetting
-// those expired at least lim.TTL ago (Forget). It returns the key's leases
+// those expired at least their TTL ago (Forget). It returns the key's leases
 // afterwards and the outcome; ls is not changed. A denied acquisition, a
 // replay, a release of a lease not held and an error change nothing but
 // what Forget dropped (and return the leases Forget returned).
 func Apply(lim Limit, ls []Lease, now time.Time, op Op) ([]Lease, Outcome, error) {
-	ls = Forget(ls, now, lim.TTL)
+	ls = Forget(ls, now)
 	i := slices.IndexFunc(ls, func(l Lease) bool { return l.ID == op.ID })
 	switch op.Kind {
 	case Acquire:
@@ -183,6 +187,7 @@ func Apply(lim Limit, ls []Lease, now time.Time, op Op) ([]Lease, Outcome, error
 		if exp := expiry(now, lim.TTL); exp.After(next[i].ExpiresAt) {
 			next[i].ExpiresAt = exp // never earlier than it was
 		}
+		next[i].TTL = max(next[i].TTL, lim.TTL)
 		return next, outcome(true, next, now, next[i]), nil
 	}
 	return ls, Outcome{}, errors.New("pgratelimit: unknown lease operation") // a bug of ours
@@ -205,7 +210,7 @@ func acquire(lim Limit, ls []Lease, i int, now time.Time, op Op) ([]Lease, Outco
 		o.RetryAfter = retryAfter(lim, ls, now, op.Weight)
 		return ls, o, nil
 	}
-	l := Lease{ID: op.ID, Weight: op.Weight, Token: op.Token, AcquiredAt: now, ExpiresAt: expiry(now, lim.TTL)}
+	l := Lease{ID: op.ID, Weight: op.Weight, Token: op.Token, AcquiredAt: now, ExpiresAt: expiry(now, lim.TTL), TTL: lim.TTL}
 	next := slices.Clone(ls)
 	if i >= 0 {
 		next[i] = l // its expired lease of the same ID: acquired anew

@@ -132,7 +132,7 @@ func TestForgetAfterOneTTL(t *testing.T) {
 	if len(next) != 1 || next[0].ID != "b" {
 		t.Fatalf("leases after an acquisition past a's memory: %+v", next)
 	}
-	if got := Remembered(next, lim.TTL); !got.Equal(at(45 * time.Second)) {
+	if got := Remembered(next); !got.Equal(at(45 * time.Second)) {
 		t.Fatalf("Remembered = %v, want one TTL past b's expiry", got)
 	}
 }

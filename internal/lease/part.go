@@ -40,9 +40,8 @@ type state struct {
 // keyState is a key's leases as decided so far.
 type keyState struct {
 	leases []Lease
-	dirty  bool          // leases differ from the row's
-	ttl    time.Duration // the longest TTL of the Parts that changed them
-	notify bool          // a release freed units of a full key
+	dirty  bool // leases differ from the row's
+	notify bool // a release freed units of a full key
 }
 
 func stateOf(a *engine.Attempt) *state {
@@ -140,7 +139,7 @@ func (p Part) Take(a *engine.Attempt, q *engine.Request, c engine.Charge) {
 	if p.Kind == Release && out.Lease.ID != "" && full(p.Limit, ks.leases, now) {
 		ks.notify = true
 	}
-	ks.leases, ks.dirty, ks.ttl = next, true, max(ks.ttl, p.Limit.TTL)
+	ks.leases, ks.dirty = next, true
 	call.put(c.Row, out)
 }
 

@@ -28,9 +28,9 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 		if ks == nil || !ks.dirty {
 			continue
 		}
-		kept := Forget(ks.leases, now, ks.ttl)
+		kept := Forget(ks.leases, now)
 		col := Encode(kept)
-		keep := Remembered(kept, ks.ttl)
+		keep := Remembered(kept)
 		if keep.Before(now) {
 			keep = now
 		}
