@@ -128,10 +128,6 @@ func (a *Attempt) apply(q *Request, c Charge, ns account.State, ch account.Chang
 	}
 }
 
-// ErrInvalidConfig is the root package's: a setting out of range, or (see
-// Attempt.shared) a Prefix and Storage shared by limiters and semaphores.
-var ErrInvalidConfig = errors.New("pgratelimit: invalid config")
-
 // shared fails a charge on a row that holds the state of another kind: a
 // Part's data (a semaphore's leases) under a bucket's charge, or a
 // bucket's balance (a placeholder's refilled_at is the zero time) under a

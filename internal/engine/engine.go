@@ -40,6 +40,9 @@ var (
 	ErrNotMigrated = errors.New("pgratelimit: tables not found; run the migrations (migrations.Up or 'pgratelimit migrate up')")
 	// ErrLockTimeout: a row lock was not had within lock_timeout.
 	ErrLockTimeout = errors.New("pgratelimit: timed out waiting for the bucket's row lock (Config.LockTimeout)")
+	// ErrInvalidConfig: a setting out of range, or (Attempt.shared) a
+	// Prefix and Storage shared by a limiter and a semaphore.
+	ErrInvalidConfig = errors.New("pgratelimit: invalid config")
 )
 
 // Storage is a bucket table: durable (logged) or ephemeral (unlogged).
@@ -89,11 +92,11 @@ type Charge struct {
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part
-	// NoInsert says the charge needs its row only if it exists (a lease's
-	// release or extension: a key without a row has no lease). A coalesced
-	// batch then does not insert it: a missing row defers the request like
-	// a row another transaction holds, and the request runs again waiting
-	// for its locks, with the INSERT.
+	// NoInsert says a coalesced batch need not insert the charge's row: a
+	// missing row defers the request like a row another transaction holds,
+	// and the request runs again waiting for its locks, with the INSERT.
+	// For a lease's release or extension (a key without a row has no
+	// lease), and an acquisition on a key whose row its semaphore has seen.
 	NoInsert bool
 	// Observer, when set, watches the charge as it is decided.
 	Observer Observer
