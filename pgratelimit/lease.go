@@ -259,7 +259,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	}
 	call := &lease.Call{ID: id}
 	q := s.request(ctx, call, lease.Acquire, key, weight)
-	if err := s.run(q, "acquire a lease of "+quoteKey(key)); err != nil {
+	if err := s.run(q, func() string { return "acquire a lease of " + quoteKey(key) }); err != nil {
 		return LeaseResult{}, err
 	}
 	s.decided(key, call)
@@ -306,7 +306,7 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	}
 	call := &lease.Call{ID: id}
 	q := s.request(ctx, call, kind, key, 1)
-	err := s.run(q, verb+" lease "+strconv.Quote(id)+" of "+quoteKey(key))
+	err := s.run(q, func() string { return verb + " lease " + strconv.Quote(id) + " of " + quoteKey(key) })
 	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	if kind == lease.Release && (err == nil || errors.Is(err, lease.ErrExpired)) {

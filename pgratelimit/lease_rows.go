@@ -1,6 +1,9 @@
 package pgratelimit
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // maxKnownRows bounds the keys a semaphore remembers (knownRows): past it,
 // it starts again from none.
@@ -13,22 +16,22 @@ const maxKnownRows = 1 << 16
 // has deleted since (its leases all forgotten) is deferred by its batch and
 // runs again with the INSERT.
 type knownRows struct {
-	mu   sync.Mutex
-	keys map[string]struct{}
+	keys sync.Map // key -> struct{}
+	n    atomic.Int64
 }
 
 func (k *knownRows) has(key string) bool {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	_, ok := k.keys[key]
+	_, ok := k.keys.Load(key)
 	return ok
 }
 
 func (k *knownRows) add(key string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.keys == nil || len(k.keys) >= maxKnownRows {
-		k.keys = make(map[string]struct{})
+	if k.has(key) {
+		return
 	}
-	k.keys[key] = struct{}{}
+	if k.n.Add(1) > maxKnownRows {
+		k.keys.Clear()
+		k.n.Store(1)
+	}
+	k.keys.Store(key, struct{}{})
 }

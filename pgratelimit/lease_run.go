@@ -8,13 +8,17 @@ import (
 )
 
 // run runs q as s's operation: in s's transaction (In), else in one of the
-// client's, coalesced unless disabled. what names it in errors.
-func (s *Semaphore) run(q *engine.Request, what string) error {
+// client's, coalesced unless disabled. what names it in errors (made only
+// when they can say it: a coalesced batch's errors name no call).
+func (s *Semaphore) run(q *engine.Request, what func() string) error {
 	set := s.settings()
-	if s.tx != nil {
-		return runInTx(s.client, q.Ctx, s.tx.ex, q, set, what)
+	switch {
+	case s.tx != nil:
+		return runInTx(s.client, q.Ctx, s.tx.ex, q, set, what())
+	case s.cfg.DisableCoalescing:
+		return s.client.run(q, set, nil, false, what())
 	}
-	return s.client.run(q, set, nil, !s.cfg.DisableCoalescing, what)
+	return s.client.run(q, set, nil, true, "")
 }
 
 // runInTx runs q in the caller's transaction on ex through c, as

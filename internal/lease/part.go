@@ -2,6 +2,7 @@ package lease
 
 import (
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -125,9 +126,8 @@ func (p Part) Take(a *engine.Attempt, q *engine.Request, c engine.Charge) {
 	ks, now := st.keys[c.Row], a.Now() // Decide made it
 	op := p.op(call, c)
 	if p.Kind == Acquire {
-		if _, out, _ := Apply(p.Limit, ks.leases, now, op); out.Replayed {
-			call.put(c.Row, out)
-			return
+		if slices.ContainsFunc(ks.leases, func(l Lease) bool { return l.ID == op.ID && l.Live(now) }) {
+			return // a replay, as Decide found: it changes nothing
 		}
 		op.Token = st.tokens[st.used]
 		st.used++
