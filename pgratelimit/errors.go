@@ -13,10 +13,9 @@ import (
 var (
 	// ErrInvalidConfig is returned by New when a Config field is out of range.
 	// The message names the field.
-	// An operation of a Limiter on a key whose row holds a Semaphore's
-	// leases, or of a Semaphore on one whose row holds a Limiter's bucket,
-	// is ErrInvalidConfig too: the two share a Prefix and Storage, and so
-	// the keys' rows.
+	// An operation of a Semaphore on a key whose row holds a Limiter's
+	// bucket is ErrInvalidConfig too: the two share a Prefix and Storage,
+	// and so the keys' rows.
 	ErrInvalidConfig = engine.ErrInvalidConfig
 
 	// ErrInvalidKey is returned for a key that is empty, longer than MaxKeyLen

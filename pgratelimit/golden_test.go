@@ -24,7 +24,7 @@ func TestGoldenSQL(t *testing.T) {
 		for _, part := range []struct {
 			name string
 			ts   sqlgen.Table
-		}{{"one", st.One}, {"many", st.Many}, {"citus", st.Citus}} {
+		}{{"one", st.One}, {"many", st.Many}, {"citus", st.Citus}, {"one.data", *st.One.Data}, {"many.data", *st.Many.Data}, {"citus.data", *st.Citus.Data}} {
 			ts := part.ts
 			for _, f := range []struct{ n, sql string }{
 				{"insert", ts.Insert}, {"guardedInsert", ts.GuardedInsert}, {"lock", ts.Lock}, {"lockSkip", ts.LockSkip},

@@ -43,8 +43,10 @@ type SemaphoreConfig struct {
 	// Prefix is the namespace of the semaphore's keys. Semaphores with the
 	// same Prefix and Storage share their keys' leases. A key's leases are
 	// kept in its row of the bucket table: a Limiter must not have the
-	// same Prefix and Storage (an operation of either on a key whose row
-	// holds the other's state is ErrInvalidConfig).
+	// same Prefix and Storage. An operation of the semaphore on a key
+	// whose row holds a limiter's bucket is ErrInvalidConfig; a limiter's
+	// check on a key with leases would move the row's expiry, so that
+	// cleanup could delete the leases with it.
 	// Required: non-empty, valid UTF-8, no NUL, at most MaxPrefixLen
 	// bytes.
 	Prefix string

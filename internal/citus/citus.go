@@ -54,7 +54,7 @@ type coordinatorRow struct{ engine.OneRow }
 // Lock locks each row, then reads its grants when a spends them, for the
 // rows it holds.
 func (coordinatorRow) Lock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
-	ts := &s.Statements().Citus
+	ts := a.Table(&s.Statements().Citus)
 	sql := ts.Lock
 	if a.Mode() != engine.WaitLocks {
 		sql = ts.LockSkip
@@ -74,7 +74,7 @@ func (c coordinatorRow) Relock(s engine.Storage, rows []engine.Row, a *engine.At
 	scan := a.ScanRows(s, false, false)
 	var stmts []engine.Stmt
 	for _, r := range rows {
-		stmts = append(stmts, engine.Stmt{SQL: s.Statements().Citus.Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan})
+		stmts = append(stmts, engine.Stmt{SQL: a.Table(&s.Statements().Citus).Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
 	}
 	return append(stmts, c.Clock(a)...)

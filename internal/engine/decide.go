@@ -128,22 +128,17 @@ func (a *Attempt) apply(q *Request, c Charge, ns account.State, ch account.Chang
 	}
 }
 
-// shared fails a charge on a row that holds the state of another kind: a
-// Part's data (a semaphore's leases) under a bucket's charge, or a
-// bucket's balance (a placeholder's refilled_at is the zero time) under a
-// Part's. A Limiter and a Semaphore with the same Prefix and Storage would
-// share their keys' rows, and each would undo the other's writes.
+// shared fails a Part's charge on a row that holds a bucket's balance (a
+// limiter's: a placeholder's refilled_at is the zero time). A Limiter and a
+// Semaphore with the same Prefix and Storage would share their keys' rows.
+// (A bucket's charge cannot tell a row with leases: its transaction reads
+// no leases unless a Part's charge shares it, and its answer must not
+// depend on that.)
 func (a *Attempt) shared(c Charge) error {
-	other := "a semaphore's leases"
-	if c.Part != nil {
-		if a.state[c.Row].Bucket.RefilledAt.IsZero() {
-			return nil
-		}
-		other = "a limiter's bucket"
-	} else if a.data[c.Row] == "" {
+	if c.Part == nil || a.state[c.Row].Bucket.RefilledAt.IsZero() {
 		return nil
 	}
-	return fmt.Errorf("%w: the row of %s of prefix %q holds %s: a Limiter and a Semaphore cannot share a Prefix and Storage", ErrInvalidConfig, QuoteKey(c.Row.Key), c.Row.Prefix, other)
+	return fmt.Errorf("%w: the row of %s of prefix %q holds a limiter's bucket: a Limiter and a Semaphore cannot share a Prefix and Storage", ErrInvalidConfig, QuoteKey(c.Row.Key), c.Row.Prefix)
 }
 
 // requestError is err of the account model for q on c, with what it was.

@@ -28,6 +28,9 @@ type Plan struct {
 	hasIDs bool
 	// grants: a request makes a grant, so a new grant ID is read first.
 	grants bool
+	// readsData: a charge is a Part's, so the locks read the rows' leases
+	// column (Data) too.
+	readsData bool
 
 	rows      []Row                    // distinct, in lock order
 	inserts   []Row                    // the rows a batch inserts, when not all (Charge.NoInsert)
@@ -46,6 +49,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 		for _, c := range q.Charges {
 			p.rows = append(p.rows, c.Row)
 			p.spendsGrants = p.spendsGrants || c.Grants
+			p.readsData = p.readsData || c.Part != nil
 			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge && c.Part == nil {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
@@ -203,7 +207,10 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			ledger     *bool
 		)
 		var here int64 // placements of the row's shard on this node
-		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &leases, &clock}
+		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &clock}
+		if a.readsData {
+			dest = slices.Insert(dest, 6, any(&leases))
+		}
 		if placed {
 			dest = append(dest, &here)
 		}

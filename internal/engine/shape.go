@@ -164,9 +164,19 @@ func (arrays) Settings() []string {
 func (arrays) Clock(*Attempt) []Stmt { return nil }
 func (arrays) Guard(*Attempt) []Stmt { return nil }
 
+// Table is ts, or ts.Data when a's locks read the rows' leases column (a
+// charge is a Part's).
+func (a *Attempt) Table(ts *sqlgen.Table) *sqlgen.Table {
+	if a.readsData {
+		return ts.Data
+	}
+	return ts
+}
+
 // LockSQL is the locking statement of ts for a's lock mode, reading grants
-// when a does for rows of s.
+// when a does for rows of s (and the leases column, see Table).
 func (a *Attempt) LockSQL(ts *sqlgen.Table, s Storage) string {
+	ts = a.Table(ts)
 	switch skip := a.mode != WaitLocks; {
 	case a.WithGrants(s) && skip:
 		return ts.LockSkipGrants
@@ -181,6 +191,7 @@ func (a *Attempt) LockSQL(ts *sqlgen.Table, s Storage) string {
 // RelockSQL is the relock statement of ts, reading grants when a does for
 // rows of s.
 func (a *Attempt) RelockSQL(ts *sqlgen.Table, s Storage) string {
+	ts = a.Table(ts)
 	if a.WithGrants(s) {
 		return ts.RelockGrants
 	}

@@ -54,10 +54,7 @@ type Table struct {
 	GuardedInsert string
 	// lock and lockSkip lock the rows one by one in the order given, which
 	// is (prefix, key) order, and read them with the clock ($3, or the
-	// database's clock_timestamp() read after each lock), and with their
-	// leases column (a key's concurrency leases, NULL for a bucket: see
-	// internal/lease), so that a lease operation reads them under the
-	// lock in the same statement. lockSkip skips rows
+	// database's clock_timestamp() read after each lock). lockSkip skips rows
 	// that another transaction holds: coalesced batches never wait for a row
 	// lock.
 	Lock, LockSkip string
@@ -73,6 +70,12 @@ type Table struct {
 	// statements of a transaction that charges a limiter with
 	// Config.Grants.
 	LockGrants, LockSkipGrants, RelockGrants string
+	// Data are these statements also reading each row's leases column,
+	// after capacity (a key's concurrency leases, NULL for a bucket: see
+	// internal/lease): the statements of a transaction with charges of a
+	// Part, which reads them under the lock, in the same statement. A
+	// transaction of checks alone reads no more than it needs.
+	Data *Table
 }
 
 // placeholderTime is the refilled_at of a placeholder row: Go's zero time,
@@ -103,9 +106,9 @@ const (
 // the clock (a Citus shard's placement check, see shardRows).
 func Buckets(t, extra string) Statements {
 	return Statements{
-		Many:  manyRows(t),
-		One:   oneRow(t, extra),
-		Citus: citusRow(t),
+		Many:  withData(func(data bool) Table { return manyRows(t, data) }),
+		One:   withData(func(data bool) Table { return oneRow(t, extra, data) }),
+		Citus: withData(func(data bool) Table { return citusRow(t, data) }),
 		Peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		Remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
@@ -137,29 +140,51 @@ func variant(q, skip string, grants bool) string {
 	return fmt.Sprintf(q, skip, "", "")
 }
 
-// relock upserts rows of values into t, returning them locked with clock.
-func relock(t, values, clock string) string {
+// relock upserts rows of values into t, returning them locked with clock
+// (and their leases column after capacity, with data).
+func relock(t, values, clock string, data bool) string {
 	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.leases, ` + clock
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dataCol("b", data) + clock
 }
 
 // relockGrants is relock with the rows' grants.
-func relockGrants(t, values string) string {
-	return `WITH b AS (` + relock(t, values, dbClock4) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.leases, b.clock` + grantCols + `
+func relockGrants(t, values string, data bool) string {
+	return `WITH b AS (` + relock(t, values, dbClock4, data) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dataCol("b", data) + `b.clock` + grantCols + `
 FROM b` + grantsOf("b")
+}
+
+// dataCol is the leases column of the rows named alias ("": unqualified),
+// followed by a comma, with data; else nothing.
+func dataCol(alias string, data bool) string {
+	switch {
+	case !data:
+		return ""
+	case alias == "":
+		return "leases, "
+	}
+	return alias + ".leases, "
+}
+
+// withData returns ts with its Data: f's statements reading the leases
+// column.
+func withData(f func(data bool) Table) Table {
+	ts, data := f(false), f(true)
+	ts.Data = &data
+	return ts
 }
 
 // newOne is the values of one new row ($1, $2, its horizon $3).
 const newOne = `$1, $2, 0, ` + placeholderTime + `, `
 
-// manyRows are the statements over all of a table's rows as arrays.
-func manyRows(t string) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, t.leases, ` + dbClock3 + `%[2]s
+// manyRows are the statements over all of a table's rows as arrays (with
+// data, reading the leases column).
+func manyRows(t string, data bool) Table {
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, ` + dataCol("t", data) + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity, leases FROM ` + t + `
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + strings.TrimSuffix(", "+dataCol("", data), ", ") + ` FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
@@ -172,8 +197,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
 		LockGrants:     variant(lock, "", true),
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-		Relock:         relock(t, values, dbClock4),
-		RelockGrants:   relockGrants(t, values),
+		Relock:         relock(t, values, dbClock4, data),
+		RelockGrants:   relockGrants(t, values, data),
 		Update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
      AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
@@ -183,10 +208,10 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 
 // oneRow are the statements of one row with scalar parameters; extra, if
 // not empty, is one more column that the lock and relock return after the
-// clock.
-func oneRow(t, extra string) Table {
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, b.leases, ` + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity, leases FROM ` + t + `
+// clock (with data, the leases column after capacity).
+func oneRow(t, extra string, data bool) Table {
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dataCol("b", data) + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + strings.TrimSuffix(", "+dataCol("", data), ", ") + ` FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
 	return Table{
@@ -200,8 +225,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
 		LockGrants:     variant(lock, "", true),
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-		Relock:         relock(t, values, dbClock4+extra),
-		RelockGrants:   relockGrants(t, values),
+		Relock:         relock(t, values, dbClock4+extra, data),
+		RelockGrants:   relockGrants(t, values, data),
 		Update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
 	}
 }
@@ -211,13 +236,13 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 // it inserts and updates with oneRow's. Citus cannot plan the lateral join
 // of grants: the engine reads them in statements of their own
 // (Grants.LockOne).
-func citusRow(t string) Table {
-	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, leases, ` + noClock3 + ` FROM ` + t + `
+func citusRow(t string, data bool) Table {
+	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, ` + dataCol("", data) + noClock3 + ` FROM ` + t + `
 WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	return Table{
 		Lock:     variant(lock, "", false),
 		LockSkip: variant(lock, " SKIP LOCKED", false),
-		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4),
+		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4, data),
 	}
 }
 
