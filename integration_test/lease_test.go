@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"errors"
 	"net"
 	"sync/atomic"
@@ -451,6 +452,37 @@ func TestLeaseSharedPrefix(t *testing.T) {
 	peek, err := lim.Peek(ctx, "bucket")
 	require.NoError(t, err)
 	require.Equal(t, int64(4), peek.Remaining, "the bucket is untouched")
+}
+
+// Lease IDs of any text (quotes, backslashes, braces, commas, non-ASCII)
+// survive the leases column, in both coalescing modes.
+func TestLeaseOddIDs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	for _, perCheck := range []bool{false, true} {
+		s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: fmt.Sprintf("odd-%v", perCheck), Max: 3, TTL: time.Minute, DisableCoalescing: perCheck})
+		ids := []string{`q"u\o\\te`, `{a,b} "c"`, "tab\there\n\u00e9 é ✓"}
+		for _, id := range ids {
+			r, err := s.Acquire(pgratelimit.WithRequestID(ctx, id), "k", 1)
+			require.NoError(t, err)
+			require.True(t, r.Acquired)
+			require.Equal(t, id, r.Lease.ID)
+		}
+		ls, err := s.Leases(ctx, "k")
+		require.NoError(t, err)
+		var got []string
+		for _, l := range ls {
+			got = append(got, l.ID)
+		}
+		require.ElementsMatch(t, ids, got)
+		for _, id := range ids {
+			require.NoError(t, s.Release(ctx, "k", id))
+		}
+		ls, err = s.Leases(ctx, "k")
+		require.NoError(t, err)
+		require.Empty(t, ls)
+	}
 }
 
 // Invalid input is refused before any database access.
