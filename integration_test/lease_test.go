@@ -3,8 +3,8 @@ package integration
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
