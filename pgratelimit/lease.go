@@ -309,12 +309,18 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	call := &lease.Call{ID: id}
 	q := s.request(ctx, call, kind, key, 1)
 	err := s.run(q, func() string { return verb + " lease " + strconv.Quote(id) + " of " + quoteKey(key) })
-	s.decided(key, call)
-	out, _ := call.Outcome(s.row(key))
+	decided := errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrNotFound)
+	var out lease.Outcome
+	if err == nil || decided {
+		// Else the call may have returned before its batch decided it
+		// (its context ended): the batch may still be writing call.
+		s.decided(key, call)
+		out, _ = call.Outcome(s.row(key))
+	}
 	if kind == lease.Release && (err == nil || errors.Is(err, lease.ErrExpired)) {
 		s.metrics.released(q.Ctx, key, id)
 	}
-	if errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrNotFound) {
+	if decided {
 		return out, fmt.Errorf("%w: lease %q of %s of prefix %q", err, id, quoteKey(key), s.cfg.Prefix)
 	}
 	return out, err
