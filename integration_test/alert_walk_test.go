@@ -25,7 +25,7 @@ var walkAlerts = pgratelimit.Alerts{UsedFractions: []float64{0.5, 0.9, 1}, Balan
 
 // alertWalk walks half the usual steps with the walk's plans given lines,
 // under faults (nil: none), then audits the walk and its events.
-func alertWalk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, context.CancelFunc)) {
+func alertWalk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, context.CancelFunc), settle func()) {
 	seed := walkSeed(t)
 	w := newWalker(t, pool, seed)
 	w.faults = faults
@@ -42,6 +42,9 @@ func alertWalk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context,
 		if t.Failed() {
 			return
 		}
+	}
+	if settle != nil {
+		settle() // the faults' terminations still under way
 	}
 	w.audit()
 	n := auditWalkEvents(t, pool, w)
@@ -85,7 +88,7 @@ func TestMoneyWalkWithAlerts(t *testing.T) {
 	t.Parallel()
 	t.Run("plain", func(t *testing.T) {
 		t.Parallel()
-		alertWalk(t, newPool(t), nil)
+		alertWalk(t, newPool(t), nil, nil)
 	})
 	t.Run("terminations", func(t *testing.T) {
 		t.Parallel()
@@ -97,18 +100,19 @@ func TestMoneyWalkWithAlerts(t *testing.T) {
 		admin := s.Pool(t, 2)
 		rng := mrand.New(mrand.NewPCG(walkSeed(t), 11))
 		var mu sync.Mutex
+		var terminating sync.WaitGroup // the audit reads once every termination is done
 		alertWalk(t, pool, func() (context.Context, context.CancelFunc) {
 			mu.Lock()
 			n, d := rng.IntN(2), time.Duration(rng.IntN(2000))*time.Microsecond
 			mu.Unlock()
 			if n == 0 {
-				go func() {
+				terminating.Go(func() {
 					time.Sleep(d)
 					_, _ = admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE application_name = $1 AND pid <> pg_backend_pid() AND backend_type = 'client backend'`, app)
-				}()
+				})
 			}
 			return context.WithTimeout(context.Background(), 10*time.Second)
-		})
+		}, terminating.Wait)
 	})
 }

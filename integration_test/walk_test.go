@@ -488,7 +488,9 @@ func walkSeed(t *testing.T) uint64 {
 	return 20261125
 }
 
-func walk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, context.CancelFunc)) {
+// walk walks under faults (nil: none), waits for settle (nil: nothing to
+// wait for; the faults' terminations still under way), then audits.
+func walk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, context.CancelFunc), settle func()) {
 	seed := walkSeed(t)
 	w := newWalker(t, pool, seed)
 	w.faults = faults
@@ -498,6 +500,9 @@ func walk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, cont
 			break
 		}
 	}
+	if settle != nil {
+		settle()
+	}
 	w.audit()
 	t.Logf("seed %d: %d steps, %d retries, %v", seed, walkSteps(), w.retries, w.stats)
 }
@@ -505,7 +510,7 @@ func walk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context, cont
 // TestMoneyWalk walks without faults.
 func TestMoneyWalk(t *testing.T) {
 	t.Parallel()
-	walk(t, newPool(t), nil)
+	walk(t, newPool(t), nil, nil)
 }
 
 // TestMoneyWalkUnderFaults walks with a short deadline or a terminated
@@ -542,6 +547,7 @@ func walkFaults(t *testing.T, pool, admin *pgxpool.Pool, which string) {
 	if which == "" {
 		kinds = 1
 	}
+	var terminating sync.WaitGroup // the audit reads once every termination is done
 	walk(t, pool, func() (context.Context, context.CancelFunc) {
 		mu.Lock()
 		n, d := rng.IntN(kinds), time.Duration(rng.IntN(2000))*time.Microsecond
@@ -550,14 +556,14 @@ func walkFaults(t *testing.T, pool, admin *pgxpool.Pool, which string) {
 		case 0:
 			return context.WithTimeout(context.Background(), d)
 		case 1:
-			go func() {
+			terminating.Go(func() {
 				time.Sleep(d)
 				_, _ = admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE `+which+` AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
-			}()
+			})
 		}
 		return context.WithTimeout(context.Background(), 10*time.Second)
-	})
+	}, terminating.Wait)
 }
 
 func randomHex() string {
