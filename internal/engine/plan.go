@@ -43,6 +43,7 @@ type Plan struct {
 func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 	p := &Plan{reqs: reqs, set: set, own: own, mode: mode, clock: set.Clock.Param(),
 		horizons: make(map[Row]time.Duration, len(reqs))}
+	noInsert := false
 	for _, q := range reqs {
 		p.hasIDs = p.hasIDs || q.ID != ""
 		p.grants = p.grants || q.Kind == account.OpGrant
@@ -50,6 +51,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 			p.rows = append(p.rows, c.Row)
 			p.spendsGrants = p.spendsGrants || c.Grants
 			p.readsData = p.readsData || c.Part != nil
+			noInsert = noInsert || c.NoInsert
 			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge && c.Part == nil {
 				// How long after a new row's first check it is full again:
 				// the INSERT stores that expiry (see statements.insert).
@@ -60,11 +62,8 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 	slices.SortFunc(p.rows, CompareRows)
 	p.rows = slices.Compact(p.rows)
 	p.inserts = p.rows
-	for _, q := range reqs {
-		if slices.ContainsFunc(q.Charges, func(c Charge) bool { return c.NoInsert }) {
-			p.inserts = p.needInsert()
-			break
-		}
+	if noInsert {
+		p.inserts = p.needInsert()
 	}
 	p.shape = set.Dialect.Shape(len(p.rows), own)
 	return p

@@ -10,8 +10,8 @@ import (
 
 // Write returns the statements that write what a's decisions did to its
 // keys' leases, the first time a Part of a is asked (the state is shared):
-// per table, one UPDATE of the changed keys' rows (their leases, less those
-// forgotten, and an expiry that keeps each row while its leases are
+// per table, one UPDATE of the changed keys' rows (their leases, and an
+// expiry that keeps each row while its leases are
 // remembered), then the notifications of releases from full keys, which
 // PostgreSQL delivers at COMMIT, only if it commits.
 func (p Part) Write(a *engine.Attempt) []engine.Stmt {
@@ -28,9 +28,8 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 		if ks == nil || !ks.dirty {
 			continue
 		}
-		kept := Forget(ks.leases, now)
-		col := Encode(kept)
-		keep := Remembered(kept)
+		col := Encode(ks.leases) // as Apply left them: less those forgotten at now
+		keep := Remembered(ks.leases)
 		if keep.Before(now) {
 			keep = now
 		}

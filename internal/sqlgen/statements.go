@@ -146,26 +146,26 @@ func relock(t, values, clock string, data bool) string {
 	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dataCol("b", data) + clock
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, ` + clock
 }
 
 // relockGrants is relock with the rows' grants.
 func relockGrants(t, values string, data bool) string {
 	return `WITH b AS (` + relock(t, values, dbClock4, data) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dataCol("b", data) + `b.clock` + grantCols + `
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 }
 
-// dataCol is the leases column of the rows named alias ("": unqualified),
-// followed by a comma, with data; else nothing.
+// dataCol is ", " and the leases column of the rows named alias ("":
+// unqualified) with data; else nothing.
 func dataCol(alias string, data bool) string {
 	switch {
 	case !data:
 		return ""
 	case alias == "":
-		return "leases, "
+		return ", leases"
 	}
-	return alias + ".leases, "
+	return ", " + alias + ".leases"
 }
 
 // withData returns ts with its Data: f's statements reading the leases
@@ -182,9 +182,9 @@ const newOne = `$1, $2, 0, ` + placeholderTime + `, `
 // manyRows are the statements over all of a table's rows as arrays (with
 // data, reading the leases column).
 func manyRows(t string, data bool) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity, ` + dataCol("t", data) + dbClock3 + `%[2]s
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `, ` + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + strings.TrimSuffix(", "+dataCol("", data), ", ") + ` FROM ` + t + `
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ` FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
@@ -210,8 +210,8 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 // not empty, is one more column that the lock and relock return after the
 // clock (with data, the leases column after capacity).
 func oneRow(t, extra string, data bool) Table {
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity, ` + dataCol("b", data) + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + strings.TrimSuffix(", "+dataCol("", data), ", ") + ` FROM ` + t + `
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, ` + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ` FROM ` + t + `
       WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
 	return Table{
@@ -237,7 +237,7 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 // of grants: the engine reads them in statements of their own
 // (Grants.LockOne).
 func citusRow(t string, data bool) Table {
-	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity, ` + dataCol("", data) + noClock3 + ` FROM ` + t + `
+	lock := `SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + `, ` + noClock3 + ` FROM ` + t + `
 WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	return Table{
 		Lock:     variant(lock, "", false),
