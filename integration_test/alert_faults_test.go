@@ -49,15 +49,15 @@ func alertHammer(t *testing.T, l *pgratelimit.Limiter, seed uint64, fault func()
 			for i := range 8 {
 				id := fmt.Sprintf("g%d-%d", w, i)
 				a, b := hammerKeys[rng.IntN(4)], hammerKeys[rng.IntN(4)]
-				cs := []pgratelimit.Charge{{Limiter: l, Key: a, Cost: 1 + rng.Int64N(40)}}
+				cs, keys := []pgratelimit.Charge{l.Charge(a, 1+rng.Int64N(40))}, []string{a}
 				if a != b && rng.IntN(8) == 0 {
-					cs = append(cs, pgratelimit.Charge{Limiter: l, Key: b, Cost: 1 + rng.Int64N(40)})
+					cs, keys = append(cs, l.Charge(b, 1+rng.Int64N(40))), append(keys, b)
 				}
 				m := untilAnswered(t, cs, id, fault, &retries)
 				mu.Lock()
 				for j, r := range m.Results {
 					if !r.Allowed {
-						denied[cs[j].Key] = true
+						denied[keys[j]] = true
 					}
 				}
 				mu.Unlock()

@@ -25,7 +25,7 @@ func TestAllowAllPerSecondAndPerDay(t *testing.T) {
 	perDay, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "day", Capacity: 25, Refill: 25, Interval: 24 * time.Hour, Clock: clock.Now})
 	require.NoError(t, err)
 	both := func(cost int64) pgratelimit.MultiResult {
-		m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: perSec, Key: "api-key", Cost: cost}, pgratelimit.Charge{Limiter: perDay, Key: "api-key", Cost: cost})
+		m, err := pgratelimit.AllowAll(ctx, perSec.Charge("api-key", cost), perDay.Charge("api-key", cost))
 		require.NoError(t, err)
 		return m
 	}
@@ -71,7 +71,7 @@ func TestAllowAllExactUnderConcurrency(t *testing.T) {
 			defer wg.Done()
 			for i := range 5 {
 				cost := int64(1 + (w+i)%3)
-				m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: small, Key: "k", Cost: cost}, pgratelimit.Charge{Limiter: big, Key: "k", Cost: cost})
+				m, err := pgratelimit.AllowAll(ctx, small.Charge("k", cost), big.Charge("k", cost))
 				if err != nil {
 					t.Error(err)
 					return
@@ -119,8 +119,8 @@ func TestAllowAllOppositeOrdersNoDeadlock(t *testing.T) {
 			for i := range 10 {
 				var err error
 				var ok bool
-				x := pgratelimit.Charge{Limiter: ls[0], Key: "x", Cost: 1}
-				y := pgratelimit.Charge{Limiter: ls[1], Key: "y", Cost: 1}
+				x := ls[0].Charge("x", 1)
+				y := ls[1].Charge("y", 1)
 				if (w+i)%3 == 2 { // AllowN of one of the two
 					var r pgratelimit.Result
 					r, err = ls[w%2].AllowN(ctx, []string{"x", "y"}[w%2], 1)
@@ -173,22 +173,22 @@ func TestAllowAllBadInput(t *testing.T) {
 		charges []pgratelimit.Charge
 		want    error
 	}{
-		{"no charges", nil, pgratelimit.ErrInvalidConfig},
-		{"nil limiter", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Key: "k", Cost: 1}}, pgratelimit.ErrInvalidConfig},
-		{"two pools", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Limiter: other, Key: "k", Cost: 1}}, pgratelimit.ErrInvalidConfig},
-		{"empty key", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Limiter: b, Key: "", Cost: 1}}, pgratelimit.ErrInvalidKey},
-		{"NUL in key", []pgratelimit.Charge{{Limiter: a, Key: "k\x00", Cost: 1}}, pgratelimit.ErrInvalidKey},
-		{"long key", []pgratelimit.Charge{{Limiter: a, Key: strings.Repeat("k", pgratelimit.MaxKeyLen+1), Cost: 1}}, pgratelimit.ErrInvalidKey},
-		{"zero cost", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 1}, {Limiter: b, Key: "k", Cost: 0}}, pgratelimit.ErrInvalidCost},
-		{"negative cost", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: -3}}, pgratelimit.ErrInvalidCost},
-		{"over capacity", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 6}}, pgratelimit.ErrCostExceedsCapacity},
-		{"over capacity summed", []pgratelimit.Charge{{Limiter: a, Key: "k", Cost: 3}, {Limiter: b, Key: "k", Cost: 1}, {Limiter: a, Key: "k", Cost: 3}}, pgratelimit.ErrCostExceedsCapacity},
+		{"no charges", nil, pgratelimit.ErrInvalidArgument},
+		{"zero charge", []pgratelimit.Charge{a.Charge("k", 1), {}}, pgratelimit.ErrInvalidArgument},
+		{"two pools", []pgratelimit.Charge{a.Charge("k", 1), other.Charge("k", 1)}, pgratelimit.ErrInvalidArgument},
+		{"empty key", []pgratelimit.Charge{a.Charge("k", 1), b.Charge("", 1)}, pgratelimit.ErrInvalidKey},
+		{"NUL in key", []pgratelimit.Charge{a.Charge("k\x00", 1)}, pgratelimit.ErrInvalidKey},
+		{"long key", []pgratelimit.Charge{a.Charge(strings.Repeat("k", pgratelimit.MaxKeyLen+1), 1)}, pgratelimit.ErrInvalidKey},
+		{"zero cost", []pgratelimit.Charge{a.Charge("k", 1), b.Charge("k", 0)}, pgratelimit.ErrInvalidCost},
+		{"negative cost", []pgratelimit.Charge{a.Charge("k", -3)}, pgratelimit.ErrInvalidCost},
+		{"over capacity", []pgratelimit.Charge{a.Charge("k", 6)}, pgratelimit.ErrCostExceedsCapacity},
+		{"over capacity summed", []pgratelimit.Charge{a.Charge("k", 3), b.Charge("k", 1), a.Charge("k", 3)}, pgratelimit.ErrCostExceedsCapacity},
 	} {
 		_, err := pgratelimit.AllowAll(ctx, tc.charges...)
 		require.ErrorIs(t, err, tc.want, tc.name)
 		tx, terr := pool.Begin(ctx)
 		require.NoError(t, terr)
-		_, err = pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), tc.charges...)...)
+		_, err = pgratelimit.PgxTx(tx).AllowAll(ctx, tc.charges...)
 		require.ErrorIs(t, err, tc.want, tc.name+" (Tx)")
 		require.NoError(t, tx.Rollback(ctx))
 	}
@@ -205,14 +205,14 @@ func TestAllowAllCostsPastInt64(t *testing.T) {
 	pool := newPool(t)
 	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "huge", Capacity: math.MaxInt64, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
-	huge := pgratelimit.Charge{Limiter: l, Key: "k", Cost: math.MaxInt64}
-	one := pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}
+	huge := l.Charge("k", math.MaxInt64)
+	one := l.Charge("k", 1)
 	for _, charges := range [][]pgratelimit.Charge{{huge, huge}, {huge, one}, {one, huge}} {
 		_, err := pgratelimit.AllowAll(ctx, charges...)
 		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 		tx, terr := pool.Begin(ctx)
 		require.NoError(t, terr)
-		_, err = pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), charges...)...)
+		_, err = pgratelimit.PgxTx(tx).AllowAll(ctx, charges...)
 		require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 		require.NoError(t, tx.Rollback(ctx))
 	}
@@ -233,9 +233,9 @@ func TestAllowAllSameBucketTwiceAndMixedStorages(t *testing.T) {
 	ephemeral, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "p", Capacity: 10, Refill: 1, Interval: time.Hour, Storage: pgratelimit.Ephemeral})
 	require.NoError(t, err)
 	m, err := pgratelimit.AllowAll(ctx,
-		pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 3},
-		pgratelimit.Charge{Limiter: ephemeral, Key: "k", Cost: 1},
-		pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 4},
+		durable.Charge("k", 3),
+		ephemeral.Charge("k", 1),
+		durable.Charge("k", 4),
 	)
 	require.NoError(t, err)
 	require.True(t, m.Allowed)
@@ -249,7 +249,7 @@ func TestAllowAllSameBucketTwiceAndMixedStorages(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, [2]int64{3, 9}, [2]int64{d.Remaining, e.Remaining})
 
-	m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 2}, pgratelimit.Charge{Limiter: durable, Key: "k", Cost: 2})
+	m, err = pgratelimit.AllowAll(ctx, durable.Charge("k", 2), durable.Charge("k", 2))
 	require.NoError(t, err)
 	require.False(t, m.Allowed, "2+2 > 3")
 	require.False(t, m.Results[0].Allowed)

@@ -123,7 +123,7 @@ func TestCitusAllowAll(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 5 {
-				cs := []pgratelimit.Charge{{Limiter: user, Key: "u1", Cost: 1}, {Limiter: org, Key: "o1", Cost: 1}}
+				cs := []pgratelimit.Charge{user.Charge("u1", 1), org.Charge("o1", 1)}
 				if (w+i)%2 == 1 {
 					cs[0], cs[1] = cs[1], cs[0]
 				}
@@ -146,7 +146,7 @@ func TestCitusAllowAll(t *testing.T) {
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
-	m, err := pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), pgratelimit.Charge{Limiter: org, Key: "o2", Cost: 10}, pgratelimit.Charge{Limiter: user, Key: "u2", Cost: 10})...)
+	m, err := pgratelimit.PgxTx(tx).AllowAll(ctx, org.Charge("o2", 10), user.Charge("u2", 10))
 	require.NoError(t, err)
 	require.True(t, m.Allowed)
 	require.NoError(t, tx.Rollback(ctx))

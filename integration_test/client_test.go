@@ -72,18 +72,18 @@ func TestClientLimiters(t *testing.T) {
 	r, err := other.Peek(ctx, "k")
 	require.NoError(t, err)
 	require.Zero(t, r.Remaining, "clients of one database share its buckets")
-	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: other, Key: "j", Cost: 1})
+	m, err := pgratelimit.AllowAll(ctx, l.Charge("k", 1), other.Charge("j", 1))
 	require.NoError(t, err, "limiters of two clients of one pool")
 	require.False(t, m.Allowed, "k is empty")
 	own, err := newLimiterOn(pool, cfg)
 	require.NoError(t, err)
-	m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: own, Key: "j", Cost: 1}, pgratelimit.Charge{Limiter: other, Key: "i", Cost: 1})
+	m, err = pgratelimit.AllowAll(ctx, own.Charge("j", 1), other.Charge("i", 1))
 	require.NoError(t, err, "a limiter of New's and a client's")
 	require.True(t, m.Allowed)
 	elsewhere, err := newLimiterOn(newPool(t), cfg)
 	require.NoError(t, err)
-	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: elsewhere, Key: "j", Cost: 1})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "limiters of two pools")
+	_, err = pgratelimit.AllowAll(ctx, l.Charge("k", 1), elsewhere.Charge("j", 1))
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument, "limiters of two pools")
 }
 
 // Close waits for the checks in flight, which are decided (exactly: what

@@ -120,12 +120,12 @@ func TestGoldenStatements(t *testing.T) {
 	step("a check through the coalescer, alone (a batch of one)", func() { ok(batch.AllowN(ctx, "k", 1)) })
 	step("ephemeral storage", func() { ok(eph.AllowN(ctx, "k", 1)) })
 	step("AllowAll over two keys", func() {
-		ok(pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: one, Key: "a", Cost: 1}, pgratelimit.Charge{Limiter: eph, Key: "b", Cost: 1}))
+		ok(pgratelimit.AllowAll(ctx, one.Charge("a", 1), eph.Charge("b", 1)))
 	})
 	step("AllowAll over six keys (arrays)", func() {
 		var cs []pgratelimit.Charge
 		for i := range 6 {
-			cs = append(cs, pgratelimit.Charge{Limiter: one, Key: fmt.Sprintf("m%d", i), Cost: 1})
+			cs = append(cs, one.Charge(fmt.Sprintf("m%d", i), 1))
 		}
 		ok(pgratelimit.AllowAll(ctx, cs...))
 	})

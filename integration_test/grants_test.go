@@ -151,7 +151,7 @@ func TestGrantsOff(t *testing.T) {
 	_, err = l.AllowN(ctx, "k", 11)
 	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 	_, err = l.Grant(ctx, "k", 5, time.Time{})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
 	on := credits(t, pool, "on", nil)
 	_, err = on.Grant(ctx, "k", 0, time.Time{})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidCost)
@@ -173,7 +173,7 @@ func TestGrantsInAllowAll(t *testing.T) {
 	_, err = user.Grant(ctx, "u", 20, time.Time{})
 	require.NoError(t, err)
 	charge := func(cost int64) pgratelimit.MultiResult {
-		m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: user, Key: "u", Cost: cost}, pgratelimit.Charge{Limiter: perSecond, Key: "u", Cost: 1})
+		m, err := pgratelimit.AllowAll(ctx, user.Charge("u", cost), perSecond.Charge("u", 1))
 		require.NoError(t, err)
 		return m
 	}

@@ -158,28 +158,20 @@ func TestNotMigrated(t *testing.T) {
 	}
 }
 
-// A nil transaction is ErrInvalidConfig in every ...Tx variant, pgx and
-// database/sql alike, never a panic (issue #31).
+// A nil transaction is ErrInvalidArgument in every form (In, Tx.AllowAll),
+// pgx and database/sql alike, never a panic (issue #31).
 func TestNilTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	l := newLimiter(t, pgratelimit.Config{Prefix: "niltx", Capacity: 10, Refill: 1, Interval: time.Second, Grants: true})
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	_, err := l.AllowNTx(ctx, nil, "k", 1)
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	_, err = pgratelimit.AllowAllTx(ctx, nil, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	_, err = l.GrantTx(ctx, nil, "k", 5, time.Time{})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	_, err = l.AllowNSQLTx(ctx, nil, "k", 1)
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	_, err = pgratelimit.AllowAllSQLTx(ctx, nil, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	_, err = l.GrantSQLTx(ctx, nil, "k", 5, time.Time{})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	for _, tx := range []pgratelimit.Tx{pgratelimit.PgxTx(nil), pgratelimit.SQLTx(nil), {}} {
+		_, err := l.In(tx).AllowN(ctx, "k", 1)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
+		_, err = tx.AllowAll(ctx, l.Charge("k", 1))
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
+		_, err = l.In(tx).Grant(ctx, "k", 5, time.Time{})
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
+		_, err = l.In(tx).Peek(ctx, "k")
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
+	}
 }

@@ -117,7 +117,7 @@ func TestLeaseAllowAll(t *testing.T) {
 	perDay, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "day", Capacity: 2, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
 	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "slots", Max: 1, TTL: time.Minute})
-	charges := []pgratelimit.Charge{{Semaphore: s, Key: "u", Cost: 1}, {Limiter: perSec, Key: "u", Cost: 1}, {Limiter: perDay, Key: "u", Cost: 1}}
+	charges := []pgratelimit.Charge{s.Charge("u", 1), perSec.Charge("u", 1), perDay.Charge("u", 1)}
 
 	m, err := pgratelimit.AllowAll(ctx, charges...)
 	require.NoError(t, err)
@@ -162,14 +162,14 @@ func TestLeaseAllowAll(t *testing.T) {
 	// Charges of one semaphore's key add up to one lease; a semaphore and
 	// a limiter of one prefix cannot share a call; a charge needs one of
 	// them.
-	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Semaphore: s, Key: "v", Cost: 1}, pgratelimit.Charge{Semaphore: s, Key: "v", Cost: 1})
+	_, err = pgratelimit.AllowAll(ctx, s.Charge("v", 1), s.Charge("v", 1))
 	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 	same, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "slots", Capacity: 5, Refill: 1, Interval: time.Hour})
 	require.NoError(t, err)
-	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Semaphore: s, Key: "v", Cost: 1}, pgratelimit.Charge{Limiter: same, Key: "v", Cost: 1})
+	_, err = pgratelimit.AllowAll(ctx, s.Charge("v", 1), same.Charge("v", 1))
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Key: "v", Cost: 1})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	_, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
 }
 
 // A lease taken in the caller's transaction exists only if it commits,
@@ -186,7 +186,7 @@ func TestLeaseInTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, r.Acquired)
 	_, err = s.In(pgratelimit.PgxTx(tx)).Wait(ctx, "k", 1)
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
 	require.NoError(t, tx.Rollback(ctx))
 	ls, err := s.Leases(ctx, "k")
 	require.NoError(t, err)
@@ -214,18 +214,17 @@ func TestLeaseInTransaction(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, d.Acquired)
 
-	// The deprecated AllowAllTx runs a Semaphore's first charge in tx too:
-	// rolled back, no lease.
+	// Tx.AllowAll runs a Semaphore's charge in tx too: rolled back, no
+	// lease.
 	tx, err = pool.Begin(ctx)
 	require.NoError(t, err)
-	//lint:ignore SA1019 the deprecated wrapper stays tested
-	m, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Semaphore: s, Key: "all", Cost: 1})
+	m, err := pgratelimit.PgxTx(tx).AllowAll(ctx, s.Charge("all", 1))
 	require.NoError(t, err)
 	require.True(t, m.Allowed)
 	require.NoError(t, tx.Rollback(ctx))
 	ls, err = s.Leases(ctx, "all")
 	require.NoError(t, err)
-	require.Empty(t, ls, "AllowAllTx rolled back: no lease")
+	require.Empty(t, ls, "Tx.AllowAll rolled back: no lease")
 }
 
 // commitEater is a connection whose replies are lost once it has seen a

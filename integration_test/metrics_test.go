@@ -39,7 +39,7 @@ func TestMetrics(t *testing.T) {
 	_, err = broken.Allow(ctx, "k") // the database's error
 	require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
 	// AllowAll counts one check per charge, each with its own prefix.
-	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: day, Key: "k", Cost: 1}, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
+	m, err := pgratelimit.AllowAll(ctx, day.Charge("k", 1), l.Charge("k", 1))
 	require.NoError(t, err)
 	require.False(t, m.Allowed)
 

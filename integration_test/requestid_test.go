@@ -145,7 +145,7 @@ func TestRequestIDAllowAllAndTransactions(t *testing.T) {
 	user := billing(t, pool, "user", nil)
 	org := billing(t, pool, "org", nil)
 	call := func(ctx context.Context) pgratelimit.MultiResult {
-		m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: user, Key: "u", Cost: 10}, pgratelimit.Charge{Limiter: org, Key: "o", Cost: 10})
+		m, err := pgratelimit.AllowAll(ctx, user.Charge("u", 10), org.Charge("o", 10))
 		require.NoError(t, err)
 		return m
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
@@ -45,7 +44,7 @@ func drivers(t *testing.T, s *testdb.Schema, pool *pgxpool.Pool) []driver {
 					return l.In(pgratelimit.SQLTx(tx)).AllowN(ctx, key, cost)
 				},
 				allowAll: func(cs ...pgratelimit.Charge) (pgratelimit.MultiResult, error) {
-					return pgratelimit.AllowAll(ctx, inTx(pgratelimit.SQLTx(tx), cs...)...)
+					return pgratelimit.SQLTx(tx).AllowAll(ctx, cs...)
 				},
 				exec:     func(q string) error { _, err := tx.ExecContext(ctx, q); return err },
 				commit:   tx.Commit,
@@ -68,7 +67,7 @@ func drivers(t *testing.T, s *testdb.Schema, pool *pgxpool.Pool) []driver {
 					return l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, key, cost)
 				},
 				allowAll: func(cs ...pgratelimit.Charge) (pgratelimit.MultiResult, error) {
-					return pgratelimit.AllowAll(ctx, inTx(pgratelimit.PgxTx(tx), cs...)...)
+					return pgratelimit.PgxTx(tx).AllowAll(ctx, cs...)
 				},
 				exec:     func(q string) error { _, err := tx.Exec(ctx, q); return err },
 				commit:   func() error { return tx.Commit(ctx) },
@@ -156,7 +155,7 @@ func TestAllowAllInCallerTransaction(t *testing.T) {
 			org, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "org-" + d.name, Capacity: 80, Refill: 1, Interval: time.Hour, Storage: pgratelimit.Ephemeral})
 			require.NoError(t, err)
 			charge := func(cost int64) []pgratelimit.Charge {
-				return []pgratelimit.Charge{{Limiter: user, Key: "u1", Cost: cost}, {Limiter: org, Key: "o1", Cost: cost}}
+				return []pgratelimit.Charge{user.Charge("u1", cost), org.Charge("o1", cost)}
 			}
 			remaining := func() (int64, int64) {
 				a, err := user.Peek(ctx, "u1")
@@ -210,7 +209,7 @@ func TestNotMigratedThroughEveryDriver(t *testing.T) {
 		require.ErrorContains(t, err, "migrate", d.name)
 		require.NoError(t, tx.rollback(), d.name)
 		tx = d.begin(t)
-		_, err = tx.allowAll(pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1})
+		_, err = tx.allowAll(l.Charge("k", 1))
 		require.ErrorIs(t, err, pgratelimit.ErrNotMigrated, d.name+" AllowAll")
 		require.NoError(t, tx.rollback(), d.name)
 	}
@@ -243,51 +242,39 @@ func TestLockTimeoutThroughEveryDriver(t *testing.T) {
 	}
 }
 
-// inTx is charges with the first one's limiter (or semaphore) running in tx,
-// which makes AllowAll run there.
-func inTx(tx pgratelimit.Tx, charges ...pgratelimit.Charge) []pgratelimit.Charge {
-	cs := slices.Clone(charges)
-	if len(cs) > 0 && cs[0].Limiter != nil {
-		cs[0].Limiter = cs[0].Limiter.In(tx)
-	} else if len(cs) > 0 && cs[0].Semaphore != nil {
-		cs[0].Semaphore = cs[0].Semaphore.In(tx)
-	}
-	return cs
-}
-
-// The deprecated functions of the caller's transaction still work as In
-// does: charged on commit, nothing on rollback, with either driver.
-func TestDeprecatedTxFunctions(t *testing.T) {
+// Every form of the caller's transaction (In, Tx.AllowAll) charges on
+// commit and nothing on rollback, with either driver.
+func TestTxForms(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
-	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "deprecated", Capacity: 100, Refill: 1, Interval: time.Hour, Grants: true})
+	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "txforms", Capacity: 100, Refill: 1, Interval: time.Hour, Grants: true})
 	require.NoError(t, err)
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { db.Close() })
 	calls := map[string]func(pgx.Tx, *sql.Tx) error{
-		"AllowNTx": func(tx pgx.Tx, _ *sql.Tx) error {
-			_, err := l.AllowNTx(ctx, tx, "k", 1) //lint:ignore SA1019 the deprecated function stays tested
+		"In(PgxTx).AllowN": func(tx pgx.Tx, _ *sql.Tx) error {
+			_, err := l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "k", 1)
 			return err
 		},
-		"AllowNSQLTx": func(_ pgx.Tx, tx *sql.Tx) error {
-			_, err := l.AllowNSQLTx(ctx, tx, "k", 1) //lint:ignore SA1019 the deprecated function stays tested
+		"In(SQLTx).AllowN": func(_ pgx.Tx, tx *sql.Tx) error {
+			_, err := l.In(pgratelimit.SQLTx(tx)).AllowN(ctx, "k", 1)
 			return err
 		},
-		"AllowAllTx": func(tx pgx.Tx, _ *sql.Tx) error {
-			_, err := pgratelimit.AllowAllTx(ctx, tx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}) //lint:ignore SA1019 the deprecated function stays tested
+		"PgxTx.AllowAll": func(tx pgx.Tx, _ *sql.Tx) error {
+			_, err := pgratelimit.PgxTx(tx).AllowAll(ctx, l.Charge("k", 1))
 			return err
 		},
-		"AllowAllSQLTx": func(_ pgx.Tx, tx *sql.Tx) error {
-			_, err := pgratelimit.AllowAllSQLTx(ctx, tx, pgratelimit.Charge{Limiter: l, Key: "k", Cost: 1}) //lint:ignore SA1019 the deprecated function stays tested
+		"SQLTx.AllowAll": func(_ pgx.Tx, tx *sql.Tx) error {
+			_, err := pgratelimit.SQLTx(tx).AllowAll(ctx, l.Charge("k", 1))
 			return err
 		},
-		"GrantTx": func(tx pgx.Tx, _ *sql.Tx) error {
-			_, err := l.GrantTx(ctx, tx, "k", 1, time.Time{}) //lint:ignore SA1019 the deprecated function stays tested
+		"In(PgxTx).Grant": func(tx pgx.Tx, _ *sql.Tx) error {
+			_, err := l.In(pgratelimit.PgxTx(tx)).Grant(ctx, "k", 1, time.Time{})
 			return err
 		},
-		"GrantSQLTx": func(_ pgx.Tx, tx *sql.Tx) error {
-			_, err := l.GrantSQLTx(ctx, tx, "k", 1, time.Time{}) //lint:ignore SA1019 the deprecated function stays tested
+		"In(SQLTx).Grant": func(_ pgx.Tx, tx *sql.Tx) error {
+			_, err := l.In(pgratelimit.SQLTx(tx)).Grant(ctx, "k", 1, time.Time{})
 			return err
 		},
 	}

@@ -346,7 +346,7 @@ func (w *walker) allowAll() {
 		err error
 	)
 	for try := 0; try == 0 || !sentinel(err) && try < 50; try++ { // with an ID under faults: retried until answered
-		m, err = pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: a, Cost: ca}, pgratelimit.Charge{Limiter: l, Key: b, Cost: cb})
+		m, err = pgratelimit.AllowAll(ctx, l.Charge(a, ca), l.Charge(b, cb))
 	}
 	if errors.Is(err, pgratelimit.ErrCostExceedsCapacity) {
 		return // a cost above Capacity without grants would be; these have grants

@@ -3,7 +3,6 @@ package pgratelimit
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -44,16 +43,16 @@ type CleanupOptions struct {
 
 func (o *CleanupOptions) setDefaults() error {
 	if o.BatchSize < 0 {
-		return fmt.Errorf("%w: BatchSize must be >= 0, got %d", ErrInvalidConfig, o.BatchSize)
+		return configError("CleanupOptions.BatchSize", "must be >= 0, got %d", o.BatchSize)
 	}
 	if o.StatementTimeout < 0 {
-		return fmt.Errorf("%w: StatementTimeout must be >= 0, got %s", ErrInvalidConfig, o.StatementTimeout)
+		return configError("CleanupOptions.StatementTimeout", "must be >= 0, got %s", o.StatementTimeout)
 	}
 	if o.LedgerRetention < 0 {
-		return fmt.Errorf("%w: LedgerRetention must be >= 0, got %s", ErrInvalidConfig, o.LedgerRetention)
+		return configError("CleanupOptions.LedgerRetention", "must be >= 0, got %s", o.LedgerRetention)
 	}
 	if o.EventRetention < 0 {
-		return fmt.Errorf("%w: EventRetention must be >= 0, got %s", ErrInvalidConfig, o.EventRetention)
+		return configError("CleanupOptions.EventRetention", "must be >= 0, got %s", o.EventRetention)
 	}
 	if o.EventRetention == 0 {
 		o.EventRetention = DefaultEventRetention
@@ -110,7 +109,7 @@ func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions)
 
 func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions, exclusive bool) (st CleanupStats, err error) {
 	if pool == nil {
-		return st, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return st, configError("pool", "is nil")
 	}
 	if err := opts.setDefaults(); err != nil {
 		return st, err
@@ -163,10 +162,10 @@ type Cleaner struct {
 // Run.
 func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, configError("pool", "is nil")
 	}
 	if cfg.Interval < 0 {
-		return nil, fmt.Errorf("%w: Interval must be >= 0, got %s", ErrInvalidConfig, cfg.Interval)
+		return nil, configError("CleanerConfig.Interval", "must be >= 0, got %s", cfg.Interval)
 	}
 	if cfg.Interval == 0 {
 		cfg.Interval = time.Minute

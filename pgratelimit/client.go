@@ -2,8 +2,6 @@ package pgratelimit
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -12,10 +10,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/coalesce"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
-
-// ErrClosed is returned by the checks of a Client's limiters once Close has
-// been called.
-var ErrClosed = errors.New("pgratelimit: client closed")
 
 // ClientConfig configures a Client. The zero value is valid.
 type ClientConfig struct {
@@ -85,15 +79,15 @@ const defaultCoalesceConns = 2
 // ErrNotMigrated.
 func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Client, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, configError("pool", "is nil")
 	}
 	if cfg.CoalesceConns < 0 {
-		return nil, fmt.Errorf("%w: CoalesceConns must be >= 0, got %d", ErrInvalidConfig, cfg.CoalesceConns)
+		return nil, configError("ClientConfig.CoalesceConns", "must be >= 0, got %d", cfg.CoalesceConns)
 	}
 	switch cfg.Dialect {
 	case DetectDialect, Postgres, Citus:
 	default:
-		return nil, fmt.Errorf("%w: Dialect must be DetectDialect, Postgres or Citus, got %d", ErrInvalidConfig, int(cfg.Dialect))
+		return nil, configError("ClientConfig.Dialect", "must be DetectDialect, Postgres or Citus, got %d", int(cfg.Dialect))
 	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
@@ -131,7 +125,7 @@ func orDefault(v, def int) int {
 // ClientConfig.CoalesceConns applies.
 func (c *Client) NewLimiter(cfg Config) (*Limiter, error) {
 	if cfg.CoalesceConns != 0 {
-		return nil, fmt.Errorf("%w: CoalesceConns is set on the Client (ClientConfig.CoalesceConns), not on its limiters; got %d", ErrInvalidConfig, cfg.CoalesceConns)
+		return nil, configError("Config.CoalesceConns", "is set on the Client (ClientConfig.CoalesceConns), not on its limiters; got %d", cfg.CoalesceConns)
 	}
 	return newLimiter(c, cfg)
 }

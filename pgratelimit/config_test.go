@@ -1,6 +1,7 @@
 package pgratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -50,12 +51,13 @@ func FuzzValidate(f *testing.F) {
 			if key == "" || len(key) > MaxKeyLen || strings.ContainsRune(key, 0) || !utf8.ValidString(key) {
 				t.Fatalf("invalid key %q passed", key)
 			}
-		} else if !errors.Is(err, ErrInvalidKey) {
+		} else if !errors.Is(err, ErrInvalidKey) || !errors.Is(err, ErrInvalidArgument) {
 			t.Fatalf("untyped error %v", err)
 		}
 		cfg := Config{Prefix: prefix, Capacity: capacity, Refill: refill, Interval: time.Duration(interval)}
 		if err := cfg.validate(); err != nil {
-			if !errors.Is(err, ErrInvalidConfig) {
+			var ce *ConfigError
+			if !errors.Is(err, ErrInvalidConfig) || !errors.As(err, &ce) || !strings.HasPrefix(ce.Field, "Config.") {
 				t.Fatalf("untyped error %v", err)
 			}
 			return
@@ -63,7 +65,7 @@ func FuzzValidate(f *testing.F) {
 		l := &Limiter{cfg: cfg, p: cfg.policy()}
 		err := l.validateCost(cost)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidCost) && !errors.Is(err, ErrCostExceedsCapacity) {
+			if !errors.Is(err, ErrInvalidCost) && !errors.Is(err, ErrCostExceedsCapacity) || !errors.Is(err, ErrInvalidArgument) {
 				t.Fatalf("untyped error %v", err)
 			}
 			return
@@ -77,4 +79,41 @@ func FuzzValidate(f *testing.F) {
 			t.Fatalf("refill out of range: %+v", later)
 		}
 	})
+}
+
+// A configuration error names its field in a *ConfigError that matches
+// ErrInvalidConfig and nothing else; a bad argument matches
+// ErrInvalidArgument and its own sentinel, and is never ErrInvalidConfig.
+func TestErrorFamilies(t *testing.T) {
+	cases := []struct {
+		err   error
+		field string
+	}{
+		{Config{Prefix: "p", Capacity: 0, Refill: 1, Interval: time.Second}.validate(), "Config.Capacity"},
+		{Config{Prefix: "p", Capacity: 1, Refill: 1}.validate(), "Config.Interval"},
+		{Config{Prefix: "p", Capacity: 1, Refill: 1, Calendar: Calendar{Every: 9}}.validate(), "Config.Calendar.Every"},
+		{Config{Prefix: "p", Capacity: 1, Refill: 1, Interval: time.Second, Alerts: Alerts{UsedFractions: []float64{2}}}.validate(), "Config.Alerts.UsedFractions"},
+		{SemaphoreConfig{Prefix: "p", Max: 1}.validate(), "SemaphoreConfig.TTL"},
+	}
+	for _, c := range cases {
+		var ce *ConfigError
+		if !errors.As(c.err, &ce) || !errors.Is(c.err, ErrInvalidConfig) || errors.Is(c.err, ErrInvalidArgument) {
+			t.Fatalf("%v: want a *ConfigError matching ErrInvalidConfig only", c.err)
+		}
+		if !strings.HasPrefix(ce.Field, c.field) || !strings.Contains(c.err.Error(), ce.Field) || ce.Reason == "" {
+			t.Errorf("%v: Field %q, Reason %q, want field %s", c.err, ce.Field, ce.Reason, c.field)
+		}
+	}
+	for _, kind := range []error{ErrInvalidKey, ErrInvalidCost, ErrCostExceedsCapacity, ErrInvalidRequestID, ErrInvalidLeaseID, ErrInvalidArgument} {
+		err := badArg(kind, "detail %d", 7)
+		if !errors.Is(err, kind) || !errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%v: want %v and ErrInvalidArgument only", err, kind)
+		}
+		if want := kind.Error() + ": detail 7"; err.Error() != want {
+			t.Errorf("message %q, want %q", err.Error(), want)
+		}
+	}
+	if _, err := (Tx{}).AllowAll(context.Background()); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("zero Tx: %v", err)
+	}
 }

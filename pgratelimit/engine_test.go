@@ -48,9 +48,9 @@ func TestBatchEqualsOneByOne(t *testing.T) {
 	mkRequest := func(ls []*Limiter, spec [][3]int) call {
 		var cs []Charge
 		for _, s := range spec {
-			cs = append(cs, Charge{Limiter: ls[s[0]], Key: fmt.Sprintf("k%d", s[1]), Cost: int64(s[2])})
+			cs = append(cs, ls[s[0]].Charge(fmt.Sprintf("k%d", s[1]), int64(s[2])))
 		}
-		q, _, err := newCall(ctx, cs)
+		q, _, err := newCall(ctx, nil, cs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +111,7 @@ func TestCancelledMemberSpendsNothing(t *testing.T) {
 	dead, cancel := context.WithCancel(ctx)
 	cancel()
 	mk := func(ctx context.Context, key string, cost int64) *engine.Request {
-		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: cost}})
+		cl, _, err := newCall(ctx, nil, []Charge{l.Charge(key, cost)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +139,7 @@ func TestCancelledMemberSpendsNothing(t *testing.T) {
 // one): what every check pays for them.
 func BenchmarkMetricsNoop(b *testing.B) {
 	l := &Limiter{metrics: newInstruments(nil, "p")}
-	charges := []Charge{{Limiter: l, Key: "k", Cost: 1}}
+	charges := []Charge{l.Charge("k", 1)}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -295,7 +295,7 @@ func TestChainEqualsOneByOne(t *testing.T) {
 	}
 	chained, single := limiter(), limiter()
 	mk := func(l *Limiter, key string) call {
-		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: 2}})
+		cl, _, err := newCall(ctx, nil, []Charge{l.Charge(key, 2)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -361,7 +361,7 @@ func TestChainAfterAFailedTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	mk := func(key string) *engine.Request {
-		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: 3}})
+		cl, _, err := newCall(ctx, nil, []Charge{l.Charge(key, 3)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -400,11 +400,11 @@ func TestChainWhenTheNextCannotBegin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := l.AllowNTx(ctx, tx, "held", 1); err != nil { // a new row, not committed
+	if _, err := l.In(PgxTx(tx)).AllowN(ctx, "held", 1); err != nil { // a new row, not committed
 		t.Fatal(err)
 	}
 	mk := func(key string) *engine.Request {
-		cl, _, err := newCall(ctx, []Charge{{Limiter: l, Key: key, Cost: 1}})
+		cl, _, err := newCall(ctx, nil, []Charge{l.Charge(key, 1)})
 		if err != nil {
 			t.Fatal(err)
 		}

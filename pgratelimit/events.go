@@ -2,7 +2,6 @@ package pgratelimit
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -102,12 +101,12 @@ const maxEventLimit = 10000
 func ListEvents(ctx context.Context, pool *pgxpool.Pool, f EventFilter) ([]Event, error) {
 	switch {
 	case pool == nil:
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, configError("pool", "is nil")
 	case f.Limit < 0 || f.Limit > maxEventLimit:
-		return nil, fmt.Errorf("%w: EventFilter.Limit must be in [0, %d], got %d", ErrInvalidConfig, maxEventLimit, f.Limit)
+		return nil, badArg(ErrInvalidArgument, "EventFilter.Limit must be in [0, %d], got %d", maxEventLimit, f.Limit)
 	}
 	if why := checkText(f.Prefix, MaxPrefixLen); f.Prefix != "" && why != "" {
-		return nil, fmt.Errorf("%w: EventFilter.Prefix %s", ErrInvalidConfig, why)
+		return nil, badArg(ErrInvalidArgument, "EventFilter.Prefix %s", why)
 	}
 	if f.Key != "" {
 		if err := validateKey(f.Key); err != nil {

@@ -109,26 +109,26 @@ type Consumer struct {
 // NewConsumer validates cfg and returns a Consumer of the events of pool's
 // database. It does not start it: call Run.
 func NewConsumer(pool *pgxpool.Pool, cfg ConsumerConfig) (*Consumer, error) {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	bad := func(field, format string, args ...any) error {
+		return configError(field, format, args...)
 	}
 	switch {
 	case pool == nil:
-		return nil, bad("pool is nil")
+		return nil, configError("pool", "is nil")
 	case cfg.Handler == nil:
-		return nil, bad("ConsumerConfig.Handler is required")
+		return nil, bad("ConsumerConfig.Handler", "is required")
 	case cfg.BatchSize < 0 || cfg.BatchSize > maxEventLimit:
-		return nil, bad("ConsumerConfig.BatchSize must be in [0, %d], got %d", maxEventLimit, cfg.BatchSize)
+		return nil, bad("ConsumerConfig.BatchSize", "must be in [0, %d], got %d", maxEventLimit, cfg.BatchSize)
 	case cfg.PollInterval < 0:
-		return nil, bad("ConsumerConfig.PollInterval must be >= 0, got %s", cfg.PollInterval)
+		return nil, bad("ConsumerConfig.PollInterval", "must be >= 0, got %s", cfg.PollInterval)
 	case cfg.HandlerTimeout < 0:
-		return nil, bad("ConsumerConfig.HandlerTimeout must be >= 0, got %s", cfg.HandlerTimeout)
+		return nil, bad("ConsumerConfig.HandlerTimeout", "must be >= 0, got %s", cfg.HandlerTimeout)
 	case cfg.MaxAttempts < 0:
-		return nil, bad("ConsumerConfig.MaxAttempts must be >= 0, got %d", cfg.MaxAttempts)
+		return nil, bad("ConsumerConfig.MaxAttempts", "must be >= 0, got %d", cfg.MaxAttempts)
 	}
 	for _, p := range cfg.Prefixes {
 		if why := checkText(p, MaxPrefixLen); why != "" {
-			return nil, bad("ConsumerConfig.Prefixes: a prefix %s", why)
+			return nil, bad("ConsumerConfig.Prefixes", "a prefix %s", why)
 		}
 	}
 	c := &Consumer{pool: pool, cfg: cfg, listen: cfg.ListenConfig, log: cfg.Logger, metrics: newEventInstruments(cfg.MeterProvider)}

@@ -170,8 +170,8 @@ func ExampleAllowAll() {
 	}
 
 	res, err := pgratelimit.AllowAll(ctx,
-		pgratelimit.Charge{Limiter: perSecond, Key: "key-123", Cost: 1},
-		pgratelimit.Charge{Limiter: perDay, Key: "key-123", Cost: 1},
+		perSecond.Charge("key-123", 1),
+		perDay.Charge("key-123", 1),
 	)
 	if err != nil {
 		log.Fatal(err)

@@ -2,14 +2,11 @@ package pgratelimit
 
 import (
 	"context"
-	"database/sql"
-	"fmt"
 	"slices"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
@@ -25,11 +22,6 @@ import (
 // allow: its cost is above the bucket's Capacity plus the key's grants that
 // are still live then.
 const InfDuration = account.Inf
-
-// ErrGrantExpired is returned by Grant for an expiry that is not after the
-// check's clock (the database's, or Config.Clock): such a grant could never
-// be spent. Nothing is granted.
-var ErrGrantExpired = account.ErrGrantExpired
 
 // Grant is a grant of credits to a key.
 type Grant struct {
@@ -71,35 +63,19 @@ func (l *Limiter) Grant(ctx context.Context, key string, amount int64, expiresAt
 	return grantOf(q.Grant), nil
 }
 
-// GrantTx is Grant in the caller's transaction tx:
-// l.In(PgxTx(tx)).Grant(ctx, key, amount, expiresAt).
-//
-// Deprecated: use In, which runs every operation in a transaction.
-func (l *Limiter) GrantTx(ctx context.Context, tx pgx.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	return l.In(PgxTx(tx)).Grant(ctx, key, amount, expiresAt)
-}
-
-// GrantSQLTx is Grant in the caller's database/sql transaction tx:
-// l.In(SQLTx(tx)).Grant(ctx, key, amount, expiresAt).
-//
-// Deprecated: use In, which runs every operation in a transaction.
-func (l *Limiter) GrantSQLTx(ctx context.Context, tx *sql.Tx, key string, amount int64, expiresAt time.Time) (Grant, error) {
-	return l.In(SQLTx(tx)).Grant(ctx, key, amount, expiresAt)
-}
-
 // grantRequest is the request of a grant, checked.
 func (l *Limiter) grantRequest(ctx context.Context, key string, amount int64, expiresAt time.Time) (*engine.Request, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
 	if !l.cfg.Grants {
-		return nil, fmt.Errorf("%w: Grant on prefix %q, whose limiter has Config.Grants off: its checks would never spend it", ErrInvalidConfig, l.cfg.Prefix)
+		return nil, badArg(ErrInvalidArgument, "Grant on prefix %q, whose limiter has Config.Grants off: its checks would never spend it", l.cfg.Prefix)
 	}
 	if amount < 1 {
-		return nil, fmt.Errorf("%w: grant %d is below 1", ErrInvalidCost, amount)
+		return nil, badArg(ErrInvalidCost, "grant %d is below 1", amount)
 	}
 	if expiresAt.After(account.MaxTime) {
-		return nil, fmt.Errorf("%w: grant expiry %s is out of range", ErrInvalidConfig, expiresAt.Format(time.RFC3339))
+		return nil, badArg(ErrInvalidArgument, "grant expiry %s is out of range", expiresAt.Format(time.RFC3339))
 	}
 	q, err := l.changeRequest(ctx, account.OpGrant, key, amount)
 	if err != nil {

@@ -18,23 +18,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/lease"
 )
 
-// Errors of leases.
-var (
-	// ErrLeaseExpired is returned by Release and Extend of a lease whose
-	// TTL has passed (by the check's clock) since it was acquired or last
-	// extended: its units no longer count, and another holder may have
-	// them. Its row remains until cleanup deletes it.
-	ErrLeaseExpired = lease.ErrExpired
-
-	// ErrLeaseNotFound is returned by Extend of a lease the key does not
-	// have: released, never acquired, or expired and deleted by cleanup.
-	ErrLeaseNotFound = lease.ErrNotFound
-
-	// ErrInvalidLeaseID is returned for a lease ID that is empty, longer
-	// than MaxRequestIDLen bytes, not valid UTF-8, or holds a NUL byte.
-	ErrInvalidLeaseID = errors.New("pgratelimit: invalid lease ID")
-)
-
 // SemaphoreConfig is a Semaphore's limit: live leases hold at most Max units
 // of a key, each lease counting until it is released or until TTL passes
 // without an Extend. The zero value is not valid: Prefix, Max and TTL are
@@ -95,20 +78,20 @@ type SemaphoreConfig struct {
 }
 
 func (c SemaphoreConfig) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	bad := func(field, format string, args ...any) error {
+		return configError("SemaphoreConfig."+field, format, args...)
 	}
 	switch why := checkText(c.Prefix, MaxPrefixLen); {
 	case why != "":
-		return bad("Prefix %s", why)
+		return bad("Prefix", "%s", why)
 	case c.Max <= 0:
-		return bad("Max must be > 0, got %d", c.Max)
+		return bad("Max", "must be > 0, got %d", c.Max)
 	case c.TTL <= 0 || c.TTL%time.Microsecond != 0:
-		return bad("TTL must be > 0 and a whole number of microseconds, got %s", c.TTL)
+		return bad("TTL", "must be > 0 and a whole number of microseconds, got %s", c.TTL)
 	case c.Storage != Durable && c.Storage != Ephemeral:
-		return bad("Storage must be Durable or Ephemeral, got %d", int(c.Storage))
+		return bad("Storage", "must be Durable or Ephemeral, got %d", int(c.Storage))
 	case c.MaxWait < 0:
-		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
+		return bad("MaxWait", "must be >= 0, got %s", c.MaxWait)
 	}
 	return nil
 }
@@ -187,7 +170,7 @@ type Semaphore struct {
 // the database.
 func NewSemaphore(pool *pgxpool.Pool, cfg SemaphoreConfig) (*Semaphore, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, configError("pool", "is nil")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -304,7 +287,7 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 		return lease.Outcome{}, err
 	}
 	if why := checkText(id, MaxRequestIDLen); why != "" {
-		return lease.Outcome{}, fmt.Errorf("%w: %s", ErrInvalidLeaseID, why)
+		return lease.Outcome{}, badArg(ErrInvalidLeaseID, "%s", why)
 	}
 	call := &lease.Call{ID: id}
 	q := s.request(ctx, call, kind, key, 1)
@@ -374,9 +357,9 @@ func (s *Semaphore) validate(key string, weight int64) error {
 	}
 	switch {
 	case weight < 1:
-		return fmt.Errorf("%w: weight %d is below 1", ErrInvalidCost, weight)
+		return badArg(ErrInvalidCost, "weight %d is below 1", weight)
 	case weight > s.cfg.Max:
-		return fmt.Errorf("%w: weight %d, Max %d", ErrCostExceedsCapacity, weight, s.cfg.Max)
+		return badArg(ErrCostExceedsCapacity, "weight %d, Max %d", weight, s.cfg.Max)
 	}
 	return nil
 }

@@ -24,8 +24,8 @@ func ExampleAllowAll_lease() {
 		log.Fatal(err)
 	}
 	m, err := pgratelimit.AllowAll(ctx,
-		pgratelimit.Charge{Semaphore: inFlight, Key: "customer-7", Cost: 1},
-		pgratelimit.Charge{Limiter: perMinute, Key: "customer-7", Cost: 1},
+		inFlight.Charge("customer-7", 1),
+		perMinute.Charge("customer-7", 1),
 	)
 	if err != nil {
 		log.Fatal(err)

@@ -2,7 +2,6 @@ package pgratelimit
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
@@ -25,7 +24,7 @@ func (s *Semaphore) run(q *engine.Request, what func() string) error {
 // Limiter.runIn does.
 func runInTx(c *Client, ctx context.Context, ex engine.Executor, q *engine.Request, set engine.Settings, what string) error {
 	if ex == nil {
-		return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+		return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 	}
 	if !c.gate.enter() {
 		return ErrClosed
@@ -46,7 +45,7 @@ func (s *Semaphore) read(ctx context.Context, what string, stmts ...engine.Stmt)
 	ex := engine.Executor(engine.PgxExecutor{Q: s.client.pool})
 	if s.tx != nil {
 		if ex = s.tx.ex; ex == nil {
-			return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+			return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 		}
 	}
 	if !s.client.gate.enter() {

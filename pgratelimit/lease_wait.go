@@ -55,7 +55,7 @@ const (
 // is ErrInvalidConfig: the key's lock would be held while waiting.
 func (s *Semaphore) Wait(ctx context.Context, key string, weight int64) (LeaseResult, error) {
 	if s.tx != nil {
-		return LeaseResult{}, fmt.Errorf("%w: Wait in the caller's transaction (In) would hold %s's lock while waiting; use Acquire", ErrInvalidConfig, quoteKey(key))
+		return LeaseResult{}, badArg(ErrInvalidArgument, "Wait in the caller's transaction (In) would hold %s's lock while waiting; use Acquire", quoteKey(key))
 	}
 	start := time.Now()
 	backoff := pollMin

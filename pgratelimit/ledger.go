@@ -2,7 +2,6 @@ package pgratelimit
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
@@ -34,7 +33,7 @@ func (l *Limiter) Settle(ctx context.Context, key, requestID string, actual int6
 		return Result{}, err
 	}
 	if actual < 0 {
-		return Result{}, fmt.Errorf("%w: actual cost %d is below 0", ErrInvalidCost, actual)
+		return Result{}, badArg(ErrInvalidCost, "actual cost %d is below 0", actual)
 	}
 	if _, err := checkRequestID(requestID); err != nil {
 		return Result{}, err
@@ -62,7 +61,7 @@ func (l *Limiter) Debit(ctx context.Context, key string, n int64) (Result, error
 		return Result{}, err
 	}
 	if n < 1 {
-		return Result{}, fmt.Errorf("%w: debit %d is below 1", ErrInvalidCost, n)
+		return Result{}, badArg(ErrInvalidCost, "debit %d is below 1", n)
 	}
 	return l.change(ctx, account.OpDebit, key, n, "debit "+quoteKey(key))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/alert"
@@ -199,59 +200,61 @@ type Config struct {
 }
 
 func (c Config) validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	bad := func(field, format string, args ...any) error {
+		return configError("Config."+field, format, args...)
 	}
 	if why := checkText(c.Prefix, MaxPrefixLen); why != "" {
-		return bad("Prefix %s", why)
+		return bad("Prefix", "%s", why)
 	}
 	if c.Capacity <= 0 {
-		return bad("Capacity must be > 0, got %d", c.Capacity)
+		return bad("Capacity", "must be > 0, got %d", c.Capacity)
 	}
 	if c.Refill <= 0 {
-		return bad("Refill must be > 0, got %d", c.Refill)
+		return bad("Refill", "must be > 0, got %d", c.Refill)
 	}
 	switch {
 	case c.Calendar != (Calendar{}) && c.Interval != 0:
-		return bad("set Interval or Calendar, not both (Interval %s, Calendar every %s)", c.Interval, c.Calendar.Every)
+		return bad("Interval", "and Calendar are both set (Interval %s, Calendar every %s): set one", c.Interval, c.Calendar.Every)
 	case c.Calendar != (Calendar{}):
 		if err := c.Calendar.validate(); err != nil {
-			return bad("%s", err)
+			f, r, _ := strings.Cut(err.Error(), " ")
+			return bad(f, "%s", r)
 		}
 	case c.Interval <= 0:
-		return bad("Interval must be > 0, got %s", c.Interval)
+		return bad("Interval", "must be > 0, got %s", c.Interval)
 	case c.Interval%time.Microsecond != 0:
-		return bad("Interval must be a whole number of microseconds, got %s", c.Interval)
+		return bad("Interval", "must be a whole number of microseconds, got %s", c.Interval)
 	}
 	if c.CoalesceConns < 0 {
-		return bad("CoalesceConns must be >= 0, got %d", c.CoalesceConns)
+		return bad("CoalesceConns", "must be >= 0, got %d", c.CoalesceConns)
 	}
 	if c.LockTimeout < 0 || c.LockTimeout%time.Millisecond != 0 {
-		return bad("LockTimeout must be >= 0 and a whole number of milliseconds, got %s", c.LockTimeout)
+		return bad("LockTimeout", "must be >= 0 and a whole number of milliseconds, got %s", c.LockTimeout)
 	}
 	if c.MaxWait < 0 {
-		return bad("MaxWait must be >= 0, got %s", c.MaxWait)
+		return bad("MaxWait", "must be >= 0, got %s", c.MaxWait)
 	}
 	if c.DenyCacheSize < 0 {
-		return bad("DenyCacheSize must be >= 0, got %d", c.DenyCacheSize)
+		return bad("DenyCacheSize", "must be >= 0, got %d", c.DenyCacheSize)
 	}
 	if c.Storage != Durable && c.Storage != Ephemeral {
-		return bad("Storage must be Durable or Ephemeral, got %d", int(c.Storage))
+		return bad("Storage", "must be Durable or Ephemeral, got %d", int(c.Storage))
 	}
 	if c.Grants && c.Storage != Durable {
-		return bad("Grants needs Storage Durable: grants are credits, kept in a logged table")
+		return bad("Grants", "needs Storage Durable: grants are credits, kept in a logged table")
 	}
 	if c.Ledger && c.Storage != Durable {
-		return bad("Ledger needs Storage Durable: a ledger of buckets an ephemeral table forgets would not add up")
+		return bad("Ledger", "needs Storage Durable: a ledger of buckets an ephemeral table forgets would not add up")
 	}
 	if c.AsyncCommit && (c.Grants || c.Ledger) {
-		return bad("AsyncCommit with Grants or Ledger: credits and their ledger must survive a crash (synchronous commit)")
+		return bad("AsyncCommit", "with Grants or Ledger: credits and their ledger must survive a crash (synchronous commit)")
 	}
 	if c.RequestIDRetention < 0 {
-		return bad("RequestIDRetention must be >= 0, got %s", c.RequestIDRetention)
+		return bad("RequestIDRetention", "must be >= 0, got %s", c.RequestIDRetention)
 	}
 	if why := c.Alerts.validate(c.Storage); why != "" {
-		return bad("%s", why)
+		f, r, _ := strings.Cut(why, " ")
+		return bad(f, "%s", r)
 	}
 	return nil
 }
@@ -313,7 +316,7 @@ type Limiter struct {
 // check.
 func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 	if pool == nil {
-		return nil, fmt.Errorf("%w: pool is nil", ErrInvalidConfig)
+		return nil, configError("pool", "is nil")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -422,7 +425,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, e
 			return r, nil
 		}
 	}
-	m, err := AllowAll(ctx, Charge{Limiter: l, Key: key, Cost: cost})
+	m, err := allowAll(ctx, l.tx, []Charge{l.Charge(key, cost)})
 	if err != nil {
 		return Result{}, err
 	}
@@ -445,7 +448,7 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 		return Result{}, err
 	}
 	if n < 1 {
-		return Result{}, fmt.Errorf("%w: refund %d is below 1", ErrInvalidCost, n)
+		return Result{}, badArg(ErrInvalidCost, "refund %d is below 1", n)
 	}
 	return l.change(ctx, account.OpRefund, key, n, "refund "+quoteKey(key))
 }
@@ -475,7 +478,7 @@ func (l *Limiter) read(ctx context.Context, what string, stmts []engine.Stmt) er
 	ex := engine.Executor(engine.PgxExecutor{Q: l.client.pool})
 	if l.tx != nil {
 		if ex = l.tx.ex; ex == nil {
-			return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+			return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 		}
 	}
 	if !l.client.gate.enter() {
@@ -554,5 +557,5 @@ func resultOf(o account.Outcome) Result {
 // errAsyncID is the error of a call with a request ID on a limiter with
 // AsyncCommit.
 func errAsyncID(l *Limiter) error {
-	return fmt.Errorf("%w: a request ID on prefix %q, whose limiter has AsyncCommit: an exactly-once charge must survive a crash (synchronous commit)", ErrInvalidConfig, l.cfg.Prefix)
+	return badArg(ErrInvalidArgument, "a request ID on prefix %q, whose limiter has AsyncCommit: an exactly-once charge must survive a crash (synchronous commit)", l.cfg.Prefix)
 }

@@ -79,7 +79,7 @@ func (in *instruments) batchSize(ctx context.Context, n int) {
 func record(ctx context.Context, start time.Time, m MultiResult, err error, charges []Charge) {
 	secs := time.Since(start).Seconds()
 	for _, c := range charges {
-		in := c.Limiter.metrics
+		in := c.lim.metrics
 		allowed, denied, attrs := in.outcomes(ctx)
 		switch {
 		case err != nil:
@@ -98,7 +98,7 @@ func record(ctx context.Context, start time.Time, m MultiResult, err error, char
 func recordInvalid(ctx context.Context, start time.Time, charges []Charge) {
 	secs := time.Since(start).Seconds()
 	for _, c := range charges {
-		if l := c.Limiter; l != nil {
+		if l := c.lim; l != nil {
 			_, _, errored := l.metrics.outcomes(ctx)
 			l.metrics.checks.Add(ctx, 1, errored.add...)
 			l.metrics.duration.Record(ctx, secs, errored.record...)

@@ -13,15 +13,25 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/lease"
 )
 
-// Charge is one bucket that AllowAll takes from: Cost tokens of Limiter's
-// bucket for Key; or, with Semaphore instead of Limiter, a lease of Cost
-// units (its weight) of the semaphore's Max for Key. Exactly one of Limiter
-// and Semaphore is set.
+// Charge is one bucket that AllowAll takes from, made by Limiter.Charge
+// (cost tokens of the limiter's bucket for a key) or Semaphore.Charge (a
+// lease of weight units of the semaphore's Max for a key). The zero Charge
+// is ErrInvalidArgument.
 type Charge struct {
-	Limiter   *Limiter
-	Semaphore *Semaphore
-	Key       string
-	Cost      int64
+	lim  *Limiter
+	sem  *Semaphore
+	key  string
+	cost int64
+}
+
+// Charge is cost tokens of l's bucket for key, for AllowAll.
+func (l *Limiter) Charge(key string, cost int64) Charge {
+	return Charge{lim: l, key: key, cost: cost}
+}
+
+// Charge is a lease of weight units of s's Max for key, for AllowAll.
+func (s *Semaphore) Charge(key string, weight int64) Charge {
+	return Charge{sem: s, key: key, cost: weight}
 }
 
 // MultiResult is the outcome of AllowAll.
@@ -77,14 +87,19 @@ type MultiResult struct {
 // ErrInvalidKey, ErrInvalidCost or ErrCostExceedsCapacity, before any
 // database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
+	return allowAll(ctx, nil, charges)
+}
+
+// allowAll is AllowAll in tx (nil: in a transaction of the charges' own).
+func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error) {
 	start := time.Now()
-	cl, _, err := newCall(ctx, charges)
+	cl, _, err := newCall(ctx, tx, charges)
 	if err != nil {
 		recordInvalid(ctx, start, charges)
 		return MultiResult{}, err
 	}
 	var m MultiResult
-	err = cl.run(charges)
+	err = cl.run(charges, tx)
 	if err == nil {
 		m = cl.result()
 		cl.recordLeases(charges, m)
@@ -96,7 +111,7 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 // coalesces says whether every charged limiter and semaphore coalesces.
 func coalesces(charges []Charge) bool {
 	for _, c := range charges {
-		if c.Semaphore != nil && c.Semaphore.cfg.DisableCoalescing || c.Limiter != nil && c.Limiter.cfg.DisableCoalescing {
+		if c.sem != nil && c.sem.cfg.DisableCoalescing || c.lim != nil && c.lim.cfg.DisableCoalescing {
 			return false
 		}
 	}
@@ -105,10 +120,10 @@ func coalesces(charges []Charge) bool {
 
 // settings are the settings of c's limiter or semaphore.
 func (c Charge) settings() engine.Settings {
-	if c.Semaphore != nil {
-		return c.Semaphore.settings()
+	if c.sem != nil {
+		return c.sem.settings()
 	}
-	return c.Limiter.settings()
+	return c.lim.settings()
 }
 
 // settingsOf are the settings of a transaction of charges: the smallest
@@ -193,36 +208,38 @@ func (cl call) leases(results []Result) []Lease {
 // metrics.
 func (cl call) recordLeases(charges []Charge, m MultiResult) {
 	for _, c := range charges {
-		if c.Semaphore == nil {
+		if c.sem == nil {
 			continue
 		}
-		if out, ok := cl.lease.Outcome(c.Semaphore.row(c.Key)); ok {
-			c.Semaphore.rows.add(c.Key)
-			c.Semaphore.metrics.record(cl.q.Ctx, c.Key, m.Allowed, out)
+		if out, ok := cl.lease.Outcome(c.sem.row(c.key)); ok {
+			c.sem.rows.add(c.key)
+			c.sem.metrics.record(cl.q.Ctx, c.key, m.Allowed, out)
 		}
 	}
 }
 
-// run runs cl's request as charges[0]'s limiter's or semaphore's operation.
-func (cl call) run(charges []Charge) error {
+// run runs cl's request in tx, else through charges[0]'s client.
+func (cl call) run(charges []Charge, tx *Tx) error {
 	set, co := settingsOf(charges), coalesces(charges)
-	if s := charges[0].Semaphore; s != nil {
-		if s.tx != nil {
-			return runInTx(s.client, cl.q.Ctx, s.tx.ex, cl.q, set, "check")
-		}
-		return s.client.run(cl.q, set, nil, co, "check")
+	client, _ := charges[0].owner()
+	if tx != nil {
+		return runInTx(client, cl.q.Ctx, tx.ex, cl.q, set, "check")
 	}
-	return charges[0].Limiter.run(cl.q, set, co, "check")
+	var seen func(context.Context, int)
+	if l := charges[0].lim; l != nil {
+		seen = l.metrics.seen
+	}
+	return client.run(cl.q, set, seen, co, "check")
 }
 
 // limiterCharges are the charges of charges with a Limiter (for the
 // limiters' metrics).
 func limiterCharges(charges []Charge) []Charge {
 	for i, c := range charges {
-		if c.Limiter == nil {
+		if c.lim == nil {
 			out := slices.Clone(charges[:i])
 			for _, c := range charges[i:] {
-				if c.Limiter != nil {
+				if c.lim != nil {
 					out = append(out, c)
 				}
 			}
@@ -235,18 +252,18 @@ func limiterCharges(charges []Charge) []Charge {
 // owner is the client and the caller's transaction (nil: none) of c's
 // limiter or semaphore.
 func (c Charge) owner() (*Client, *Tx) {
-	if c.Semaphore != nil {
-		return c.Semaphore.client, c.Semaphore.tx
+	if c.sem != nil {
+		return c.sem.client, c.sem.tx
 	}
-	return c.Limiter.client, c.Limiter.tx
+	return c.lim.client, c.lim.tx
 }
 
 // newCall validates charges, before any database access, and merges the
 // charges of each bucket. It returns the first charge's Limiter too (nil
 // for a Semaphore's).
-func newCall(ctx context.Context, charges []Charge) (call, *Limiter, error) {
+func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, error) {
 	if len(charges) == 0 {
-		return call{}, nil, fmt.Errorf("%w: AllowAll needs at least one charge", ErrInvalidConfig)
+		return call{}, nil, badArg(ErrInvalidArgument, "AllowAll needs at least one charge")
 	}
 	id, err := requestID(ctx)
 	if err != nil {
@@ -257,11 +274,14 @@ func newCall(ctx context.Context, charges []Charge) (call, *Limiter, error) {
 		cl.of = make([]int, len(charges))
 	}
 	for i, c := range charges {
-		if (c.Limiter == nil) == (c.Semaphore == nil) {
-			return call{}, nil, fmt.Errorf("%w: charge %d needs a Limiter or a Semaphore, not neither or both", ErrInvalidConfig, i)
+		if (c.lim == nil) == (c.sem == nil) {
+			return call{}, nil, badArg(ErrInvalidArgument, "charge %d is not made by Limiter.Charge or Semaphore.Charge (of a non-nil limiter or semaphore)", i)
+		}
+		if err := c.same(i, charges[0], tx); err != nil {
+			return call{}, nil, err
 		}
 		var err error
-		if c.Semaphore != nil {
+		if c.sem != nil {
 			err = cl.addLease(i, c, charges[0])
 		} else {
 			err = cl.add(i, c, charges[0])
@@ -270,58 +290,57 @@ func newCall(ctx context.Context, charges []Charge) (call, *Limiter, error) {
 			return call{}, nil, err
 		}
 	}
-	return cl, charges[0].Limiter, nil
+	return cl, charges[0].lim, nil
 }
 
-// same checks that charge i, c, runs where first does: on its pool, in its
-// transaction.
-func (c Charge) same(i int, first Charge) error {
+// same checks that charge i, c, runs where first does: on its pool, and in
+// tx (nil: the charges' own transaction) unless bound to no transaction.
+func (c Charge) same(i int, first Charge, tx *Tx) error {
 	cc, ctx := c.owner()
-	fc, ftx := first.owner()
+	fc, _ := first.owner()
 	switch {
 	case cc.pool != fc.pool:
-		return fmt.Errorf("%w: charge %d's Limiter or Semaphore uses another pool than charge 0's; AllowAll runs one transaction", ErrInvalidConfig, i)
-	case ctx != nil && (ftx == nil || *ctx != *ftx):
-		return fmt.Errorf("%w: charge %d's Limiter or Semaphore runs in another transaction (In) than charge 0's; AllowAll runs in charge 0's", ErrInvalidConfig, i)
+		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore uses another pool than charge 0's; AllowAll runs one transaction", i)
+	case ctx != nil && tx == nil:
+		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore is bound to a transaction (In); run AllowAll in a transaction with Tx.AllowAll", i)
+	case ctx != nil && *ctx != *tx:
+		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore is bound to another transaction (In) than the one AllowAll runs in", i)
 	}
 	return nil
 }
 
 // add adds charge i, c (of a limiter), to cl, checked.
 func (cl *call) add(i int, c Charge, first Charge) error {
-	l := c.Limiter
-	if err := c.same(i, first); err != nil {
-		return err
-	}
+	l := c.lim
 	if cl.q.ID != "" && l.cfg.AsyncCommit {
 		return errAsyncID(l)
 	}
-	if err := validateKey(c.Key); err != nil {
+	if err := validateKey(c.key); err != nil {
 		return err
 	}
-	if err := l.validateCost(c.Cost); err != nil {
+	if err := l.validateCost(c.cost); err != nil {
 		return err
 	}
-	q, r := cl.q, l.row(c.Key)
+	q, r := cl.q, l.row(c.key)
 	j := 0
 	for j < len(q.Charges) && q.Charges[j].Row != r {
 		j++
 	}
 	if j == len(q.Charges) {
-		q.Charges = append(q.Charges, l.charge(c.Key, 0))
+		q.Charges = append(q.Charges, l.charge(c.key, 0))
 	} else if q.Charges[j].Part != nil {
 		return errSharedRow(i, l.cfg.Prefix)
 	}
-	if q.Charges[j].Cost > math.MaxInt64-c.Cost {
+	if q.Charges[j].Cost > math.MaxInt64-c.cost {
 		// Past int64, so past every capacity.
-		return fmt.Errorf("%w: the costs of %s of prefix %q add up to more than %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, int64(math.MaxInt64), l.p.Capacity)
+		return badArg(ErrCostExceedsCapacity, "the costs of %s of prefix %q add up to more than %d, capacity %d", quoteKey(c.key), l.cfg.Prefix, int64(math.MaxInt64), l.p.Capacity)
 	}
-	q.Charges[j].Cost += c.Cost
+	q.Charges[j].Cost += c.cost
 	if cl.of != nil {
 		cl.of[i] = j
 	}
 	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Grants {
-		return fmt.Errorf("%w: the costs of %s of prefix %q add up to %d, capacity %d", ErrCostExceedsCapacity, quoteKey(c.Key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
+		return badArg(ErrCostExceedsCapacity, "the costs of %s of prefix %q add up to %d, capacity %d", quoteKey(c.key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
 	}
 	return nil
 }
@@ -329,11 +348,8 @@ func (cl *call) add(i int, c Charge, first Charge) error {
 // addLease adds charge i, c (a lease of a semaphore), to cl, checked:
 // charges of one semaphore's key add up to one lease.
 func (cl *call) addLease(i int, c Charge, first Charge) error {
-	s := c.Semaphore
-	if err := c.same(i, first); err != nil {
-		return err
-	}
-	if err := s.validate(c.Key, c.Cost); err != nil {
+	s := c.sem
+	if err := s.validate(c.key, c.cost); err != nil {
 		return err
 	}
 	if cl.lease == nil {
@@ -344,7 +360,7 @@ func (cl *call) addLease(i int, c Charge, first Charge) error {
 		cl.lease = &lease.Call{ID: id}
 		cl.q.Ctx = lease.WithCall(cl.q.Ctx, cl.lease)
 	}
-	q, ch := cl.q, s.charge(lease.Acquire, c.Key, 0)
+	q, ch := cl.q, s.charge(lease.Acquire, c.key, 0)
 	j := slices.IndexFunc(q.Charges, func(o engine.Charge) bool { return o.Row == ch.Row })
 	switch {
 	case j < 0:
@@ -353,10 +369,10 @@ func (cl *call) addLease(i int, c Charge, first Charge) error {
 	case q.Charges[j].Part != ch.Part:
 		return errSharedRow(i, s.cfg.Prefix)
 	}
-	if q.Charges[j].Cost > s.cfg.Max-c.Cost {
-		return fmt.Errorf("%w: the weights of %s of semaphore %q add up to more than its Max %d", ErrCostExceedsCapacity, quoteKey(c.Key), s.cfg.Prefix, s.cfg.Max)
+	if q.Charges[j].Cost > s.cfg.Max-c.cost {
+		return badArg(ErrCostExceedsCapacity, "the weights of %s of semaphore %q add up to more than its Max %d", quoteKey(c.key), s.cfg.Prefix, s.cfg.Max)
 	}
-	q.Charges[j].Cost += c.Cost
+	q.Charges[j].Cost += c.cost
 	if cl.of != nil {
 		cl.of[i] = j
 	}

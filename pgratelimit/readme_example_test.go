@@ -84,9 +84,9 @@ func Example_severalLimits() {
 		log.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	res, err := pgratelimit.AllowAll(ctx,
-		pgratelimit.Charge{Limiter: perMinute.In(pgratelimit.PgxTx(tx)), Key: "customer-42", Cost: 1},
-		pgratelimit.Charge{Limiter: perDay, Key: "customer-42", Cost: 5},
+	res, err := pgratelimit.PgxTx(tx).AllowAll(ctx,
+		perMinute.Charge("customer-42", 1),
+		perDay.Charge("customer-42", 5),
 	)
 	if err != nil {
 		log.Fatal(err)

@@ -2,7 +2,6 @@ package pgratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -21,23 +20,6 @@ import (
 // something else. Every writer of a bucket's request rows holds the bucket's
 // row lock, so two requests with one ID cannot both apply: the second waits
 // for the first, then reads its row.
-
-// ErrInvalidRequestID is returned for a request ID that is empty, longer
-// than MaxRequestIDLen bytes, not valid UTF-8, or holds a NUL byte.
-var ErrInvalidRequestID = errors.New("pgratelimit: invalid request ID")
-
-// ErrUnknownRequest is returned by Settle when no allowed charge or debit
-// with that request ID is remembered for the key (it was never allowed, or
-// its Config.RequestIDRetention has passed), and by LookupRequest when no
-// request with that ID is.
-var ErrUnknownRequest = account.ErrUnknownRequest
-
-// ErrRequestMismatch is returned when a request ID is reused on a bucket for
-// another operation or another amount than the one it names (a charge of 5
-// retried as a charge of 6, a charge's ID given to a refund, a settlement
-// again at another actual cost, an AllowAll's ID on other buckets), as
-// payment APIs answer a reused idempotency key. Nothing is changed.
-var ErrRequestMismatch = account.ErrRequestMismatch
 
 // MaxRequestIDLen is the longest request ID, in bytes.
 const MaxRequestIDLen = 256
@@ -77,7 +59,7 @@ func requestID(ctx context.Context) (string, error) {
 
 func checkRequestID(id string) (string, error) {
 	if why := checkText(id, MaxRequestIDLen); why != "" {
-		return "", fmt.Errorf("%w: %s", ErrInvalidRequestID, why)
+		return "", badArg(ErrInvalidRequestID, "%s", why)
 	}
 	return id, nil
 }

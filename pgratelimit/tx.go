@@ -3,7 +3,6 @@ package pgratelimit
 import (
 	"context"
 	"database/sql"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
@@ -34,8 +33,7 @@ func SQLTx(tx *sql.Tx) Tx {
 }
 
 // In returns l running every operation in tx, the caller's own transaction:
-// AllowN, Allow, Wait, AllowAll (when the first charge's limiter is l),
-// Refund, Debit, Settle, Grant, Reset, and the reads Peek, Grants, Ledger
+// AllowN, Allow, Wait, Refund, Debit, Settle, Grant, Reset, and the reads Peek, Grants, Ledger
 // and LookupRequest. What they write is written only if tx commits, so a
 // service charges credits atomically with its own write (and a rollback
 // gives them back), and a purchase and its grant commit together. They send
@@ -50,7 +48,8 @@ func SQLTx(tx *sql.Tx) Tx {
 // check of the same key makes one fail with a serialization error (SQLSTATE
 // 40001); retry the transaction as for any other. On an error the
 // transaction is in a failed state: roll it back. A zero Tx (a nil
-// transaction) makes every operation ErrInvalidConfig. The returned limiter
+// transaction) makes every operation ErrInvalidArgument. To charge several
+// limits at once in tx, use Tx.AllowAll. The returned limiter
 // costs a copy of l: make one per transaction.
 func (l *Limiter) In(tx Tx) *Limiter {
 	c := *l
@@ -58,49 +57,17 @@ func (l *Limiter) In(tx Tx) *Limiter {
 	return &c
 }
 
-// AllowNTx is AllowN in the caller's transaction tx:
-// l.In(PgxTx(tx)).AllowN(ctx, key, cost).
-//
-// Deprecated: use In, which runs every operation in a transaction.
-func (l *Limiter) AllowNTx(ctx context.Context, tx pgx.Tx, key string, cost int64) (Result, error) {
-	return l.In(PgxTx(tx)).AllowN(ctx, key, cost)
-}
-
-// AllowNSQLTx is AllowN in the caller's database/sql transaction tx:
-// l.In(SQLTx(tx)).AllowN(ctx, key, cost).
-//
-// Deprecated: use In, which runs every operation in a transaction.
-func (l *Limiter) AllowNSQLTx(ctx context.Context, tx *sql.Tx, key string, cost int64) (Result, error) {
-	return l.In(SQLTx(tx)).AllowN(ctx, key, cost)
-}
-
-// AllowAllTx is AllowAll in the caller's transaction tx.
-//
-// Deprecated: use AllowAll with a first charge's limiter made by In.
-func AllowAllTx(ctx context.Context, tx pgx.Tx, charges ...Charge) (MultiResult, error) {
-	return allowAllIn(ctx, PgxTx(tx), charges)
-}
-
-// AllowAllSQLTx is AllowAll in the caller's database/sql transaction tx.
-//
-// Deprecated: use AllowAll with a first charge's limiter made by In.
-func AllowAllSQLTx(ctx context.Context, tx *sql.Tx, charges ...Charge) (MultiResult, error) {
-	return allowAllIn(ctx, SQLTx(tx), charges)
-}
-
-// allowAllIn is AllowAll in tx.
-func allowAllIn(ctx context.Context, tx Tx, charges []Charge) (MultiResult, error) {
-	if len(charges) > 0 && (charges[0].Limiter != nil || charges[0].Semaphore != nil) {
-		cs := make([]Charge, len(charges))
-		copy(cs, charges)
-		if cs[0].Limiter != nil {
-			cs[0].Limiter = cs[0].Limiter.In(tx)
-		} else {
-			cs[0].Semaphore = cs[0].Semaphore.In(tx)
-		}
-		charges = cs
+// AllowAll is the package's AllowAll run in tx, the caller's own
+// transaction, as In runs a limiter's operations: the charges' buckets are
+// taken from only if tx commits, their rows stay locked until it ends, and
+// tx's isolation and lock_timeout apply. The charges' limiters and
+// semaphores must use tx's database and must not be bound to another
+// transaction by In (ErrInvalidArgument).
+func (tx Tx) AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
+	if tx.ex == nil {
+		return MultiResult{}, badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 	}
-	return AllowAll(ctx, charges...)
+	return allowAll(ctx, &tx, charges)
 }
 
 // runIn runs q in the caller's transaction on ex with the settings set:
@@ -108,7 +75,7 @@ func allowAllIn(ctx context.Context, tx Tx, charges []Charge) (MultiResult, erro
 // dialect. what names it in errors.
 func (l *Limiter) runIn(ctx context.Context, ex engine.Executor, q *engine.Request, set engine.Settings, what string) error {
 	if ex == nil {
-		return fmt.Errorf("%w: tx is nil", ErrInvalidConfig)
+		return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 	}
 	if !l.client.gate.enter() {
 		return ErrClosed

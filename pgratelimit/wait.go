@@ -2,16 +2,10 @@ package pgratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 )
-
-// ErrWaitTooLong is returned by Wait and WaitN when the wait for enough
-// tokens would pass the context's deadline or Config.MaxWait. It is returned
-// at once, without sleeping.
-var ErrWaitTooLong = errors.New("pgratelimit: wait would exceed the deadline")
 
 // Wait is WaitN with cost 1.
 func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {

@@ -267,10 +267,10 @@ func (c *Core[R]) allow(ctx context.Context, limiters []*pgratelimit.Limiter, ke
 	}
 	charges := make([]pgratelimit.Charge, len(limiters), len(limiters)+1)
 	for i, l := range limiters {
-		charges[i] = pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}
+		charges[i] = l.Charge(key, cost)
 	}
 	if c.cfg.Semaphore != nil {
-		charges = append(charges, pgratelimit.Charge{Semaphore: c.cfg.Semaphore, Key: key, Cost: weight})
+		charges = append(charges, c.cfg.Semaphore.Charge(key, weight))
 	}
 	return pgratelimit.AllowAll(ctx, charges...)
 }

@@ -306,7 +306,7 @@ func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config,
 		}
 		ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
 			key := keyName(k)
-			m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost}, pgratelimit.Charge{Limiter: day, Key: key, Cost: cost})
+			m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost), day.Charge(key, cost))
 			return m.Allowed, err
 		}
 	}

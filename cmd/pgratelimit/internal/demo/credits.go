@@ -139,7 +139,7 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ls := []*pgratelimit.Limiter{l}
-	m, err := pgratelimit.AllowAll(ctx, pgratelimit.Charge{Limiter: l, Key: key, Cost: cost})
+	m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost))
 	if err != nil {
 		fail(err)
 		return
