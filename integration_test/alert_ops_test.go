@@ -45,20 +45,20 @@ func TestAlertsCleanup(t *testing.T) {
 	require.Equal(t, 5, count(t, pool, `SELECT count(*) FROM pgratelimit_alert_state`))
 
 	// Now, with the default retention: nothing to delete.
-	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{})
+	_, err = deleteExpired(ctx, pool, pgratelimit.CleanerConfig{})
 	require.NoError(t, err)
 	require.Equal(t, 5, count(t, pool, `SELECT count(*) FROM pgratelimit_events`))
 	require.Equal(t, 5, count(t, pool, `SELECT count(*) FROM pgratelimit_alert_state`))
 
 	// A year on: the periods have ended, the delivered events are old.
 	later := time.Now().AddDate(1, 0, 0)
-	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: func() time.Time { return later }})
+	_, err = deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: func() time.Time { return later }})
 	require.NoError(t, err)
 	require.Zero(t, count(t, pool, `SELECT count(*) FROM pgratelimit_alert_state`))
 	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM pgratelimit_events WHERE delivered_at IS NULL`))
 	require.Equal(t, 2, count(t, pool, `SELECT count(*) FROM pgratelimit_events`))
 
-	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{EventRetention: -time.Second})
+	_, err = deleteExpired(ctx, pool, pgratelimit.CleanerConfig{EventRetention: -time.Second})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 }
 

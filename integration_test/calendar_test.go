@@ -24,7 +24,7 @@ func TestCalendarQuota(t *testing.T) {
 		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month, Location: berlin}, Clock: clock.Now})
 	require.NoError(t, err)
 	cleanup := func() {
-		_, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+		_, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now})
 		require.NoError(t, err)
 	}
 

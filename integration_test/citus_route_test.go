@@ -121,7 +121,7 @@ func TestCitusShardMoveUnderLoad(t *testing.T) {
 						return
 					default:
 					}
-					if _, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now}); err != nil {
+					if _, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now}); err != nil {
 						t.Errorf("cleanup during the moves: %v", err)
 						return
 					}

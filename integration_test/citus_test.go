@@ -156,7 +156,7 @@ func TestCitusAllowAll(t *testing.T) {
 }
 
 // Cleanup on Citus deletes every expired row and nothing else, through
-// DeleteExpired and the Cleaner, on the workers that hold the shards
+// The Cleaner, on the workers that hold the shards
 // (connecting with the pool's settings), or through the coordinator when it
 // cannot reach them.
 func TestCitusCleanup(t *testing.T) {
@@ -210,9 +210,9 @@ func testCitusCleanup(t *testing.T, reach bool) {
 	clear(ports) // the checks' own connections to the workers
 	mu.Unlock()
 	start := time.Now()
-	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 7})
+	n, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now, BatchSize: 7})
 	require.NoError(t, err)
-	t.Logf("DeleteExpired: %d rows in %s", n, time.Since(start))
+	t.Logf("cleanup: %d rows in %s", n, time.Since(start))
 	require.Equal(t, int64(600), n)
 	require.Equal(t, int64(100), countRows(t, pool, "true"), "the live rows stay")
 	mu.Lock()
@@ -223,8 +223,8 @@ func testCitusCleanup(t *testing.T, reach bool) {
 	clock.Add(2 * time.Hour)
 	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{Clock: clock.Now})
 	require.NoError(t, err)
-	st := c.RunOnce(ctx)
-	require.NoError(t, st.Err)
+	st, err := c.RunOnce(ctx)
+	require.NoError(t, err)
 	require.Equal(t, int64(100), st.Deleted)
 	require.Zero(t, countRows(t, pool, "true"))
 }
@@ -269,7 +269,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA `+schema+` TO `+rol
 	app, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer app.Close()
-	n, err := pgratelimit.DeleteExpired(ctx, app, pgratelimit.CleanupOptions{})
+	n, err := deleteExpired(ctx, app, pgratelimit.CleanerConfig{})
 	require.NoError(t, err)
 	require.Equal(t, int64(500), n)
 	require.Zero(t, countRows(t, owner, "true"))
@@ -296,7 +296,7 @@ FROM generate_series(0, 11) i`)
 	_, err = l.Allow(ctx, "a") // full again within the minute
 	require.NoError(t, err)
 
-	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: func() time.Time { return time.Now().Add(time.Hour) }})
+	n, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: func() time.Time { return time.Now().Add(time.Hour) }})
 	require.NoError(t, err)
 	require.Equal(t, int64(11), n, "ten request IDs and the bucket")
 	var left int

@@ -42,7 +42,7 @@ func TestCleanupNeverChangesADecision(t *testing.T) {
 		if step%20 == 0 {
 			// Now and then a long pause, past most rows' expiry.
 			clock.Add(time.Duration(rng.IntN(200)) * time.Second)
-			n, err := pgratelimit.DeleteExpired(ctx, pools[1], pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 3})
+			n, err := deleteExpired(ctx, pools[1], pgratelimit.CleanerConfig{Clock: clock.Now, BatchSize: 3})
 			require.NoError(t, err)
 			deleted += n
 		}
@@ -103,7 +103,7 @@ func TestCleanupUnderLoad(t *testing.T) {
 				return
 			default:
 			}
-			n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now, BatchSize: 50})
+			n, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now, BatchSize: 50})
 			if err != nil {
 				t.Errorf("cleanup: %v", err)
 				return
@@ -198,7 +198,7 @@ func TestCleanupLargeBacklog(t *testing.T) {
 		}()
 	}
 	start := time.Now()
-	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{})
+	n, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{})
 	took := time.Since(start)
 	close(done)
 	wg.Wait()
@@ -220,15 +220,16 @@ func TestTwoCleaners(t *testing.T) {
 	defer cancel()
 	var mu sync.Mutex
 	var stats []pgratelimit.CleanupStats
+	var errs []error
 	var wg sync.WaitGroup
 	for range 2 {
 		c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{
 			BatchSize: 500,
 			Interval:  50 * time.Millisecond,
-			OnRun: func(st pgratelimit.CleanupStats) {
+			OnRun: func(st pgratelimit.CleanupStats, err error) {
 				mu.Lock()
 				defer mu.Unlock()
-				stats = append(stats, st)
+				stats, errs = append(stats, st), append(errs, err)
 			},
 		})
 		require.NoError(t, err)
@@ -259,9 +260,9 @@ func TestTwoCleaners(t *testing.T) {
 	cancel()
 	wg.Wait()
 
-	for _, st := range stats {
-		if !errors.Is(st.Err, context.Canceled) { // a run cut short by cancel reports what it did
-			require.NoError(t, st.Err)
+	for _, err := range errs {
+		if !errors.Is(err, context.Canceled) { // a run cut short by cancel reports what it did
+			require.NoError(t, err)
 		}
 	}
 	require.Equal(t, int64(20000), sum(), "each row deleted once")
@@ -294,9 +295,9 @@ func TestCleanerStopsOnCancel(t *testing.T) {
 func TestCleanupBadOptions(t *testing.T) {
 	t.Parallel()
 	pool := unreachablePool(t)
-	_, err := pgratelimit.DeleteExpired(context.Background(), pool, pgratelimit.CleanupOptions{BatchSize: -1})
+	_, err := deleteExpired(context.Background(), pool, pgratelimit.CleanerConfig{BatchSize: -1})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	_, err = pgratelimit.DeleteExpired(context.Background(), nil, pgratelimit.CleanupOptions{})
+	_, err = deleteExpired(context.Background(), nil, pgratelimit.CleanerConfig{})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 	_, err = pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{Interval: -time.Second})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
@@ -313,9 +314,9 @@ func TestCleanerReportsDuration(t *testing.T) {
 	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: 100})
 	require.NoError(t, err)
 	before := time.Now()
-	st := c.RunOnce(context.Background())
+	st, err := c.RunOnce(context.Background())
 	took := time.Since(before)
-	require.NoError(t, st.Err)
+	require.NoError(t, err)
 	require.Equal(t, int64(2000), st.Deleted)
 	require.GreaterOrEqual(t, st.Batches, 20) // on Citus, at least one per shard
 	require.Positive(t, st.Duration)

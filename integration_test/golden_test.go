@@ -154,7 +154,7 @@ func TestGoldenStatements(t *testing.T) {
 		ok(one.In(pgratelimit.SQLTx(tx)).AllowN(ctx, "sqltx", 1))
 		require.NoError(t, tx.Commit())
 	})
-	step("cleanup", func() { ok(pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock})) })
+	step("cleanup", func() { ok(deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock})) })
 	require.NoError(t, client.Close(ctx))
 
 	got := strings.Join(rec.lines, "\n") + "\n"

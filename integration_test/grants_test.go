@@ -129,7 +129,7 @@ func TestGrantsSoonestExpiringFirst(t *testing.T) {
 	// Cleanup deletes the spent and expired grants, and changes nothing.
 	before, err := l.Peek(ctx, "k")
 	require.NoError(t, err)
-	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+	n, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now})
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, n, int64(3))
 	after, err := l.Peek(ctx, "k")

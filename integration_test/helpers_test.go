@@ -4,6 +4,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -212,4 +213,19 @@ func pgbouncerPool(t *testing.T) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// deleteExpired runs one cleanup of pool's schema with cfg (NewCleaner,
+// RunOnce) and returns the rows it deleted. A test's schema has no other
+// cleaner, so the run is never skipped.
+func deleteExpired(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.CleanerConfig) (int64, error) {
+	c, err := pgratelimit.NewCleaner(pool, cfg)
+	if err != nil {
+		return 0, err
+	}
+	st, err := c.RunOnce(ctx)
+	if err == nil && st.Skipped {
+		err = errors.New("cleanup skipped: another cleaner holds the schema's lock")
+	}
+	return st.Deleted, err
 }

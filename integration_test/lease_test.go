@@ -360,7 +360,7 @@ func TestLeaseCleanup(t *testing.T) {
 	clock.Add(15 * time.Second) // expired 5s ago: remembered
 	cleanup := func() {
 		t.Helper()
-		_, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+		_, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now})
 		require.NoError(t, err)
 	}
 	cleanup()

@@ -148,7 +148,7 @@ func walkLeases(t *testing.T, rng *rand.Rand, storage pgratelimit.Storage, perCh
 			slices.Sort(want)
 			require.Equal(t, want, ids, where)
 		case op < 9: // cleanup: never changes an answer
-			_, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+			_, err := deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now})
 			require.NoError(t, err, where)
 		default:
 			clock.Add(time.Duration(rng.IntN(16)) * time.Second)

@@ -290,7 +290,7 @@ func TestLedgerKinds(t *testing.T) {
 }
 
 // Cleanup forgets request IDs after Config.RequestIDRetention, and ledger
-// rows after CleanupOptions.LedgerRetention.
+// rows after CleanerConfig.LedgerRetention.
 func TestRequestIDRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -302,13 +302,13 @@ func TestRequestIDRetention(t *testing.T) {
 	_, err = l.AllowN(id, "k", 10)
 	require.NoError(t, err)
 	clock.Add(30 * time.Minute)
-	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now})
+	_, err = deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now})
 	require.NoError(t, err)
 	r, err := l.AllowN(id, "k", 10)
 	require.NoError(t, err)
 	require.Equal(t, int64(90), r.Remaining, "remembered within the retention")
 	clock.Add(time.Hour)
-	_, err = pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{Clock: clock.Now, LedgerRetention: time.Hour})
+	_, err = deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock.Now, LedgerRetention: time.Hour})
 	require.NoError(t, err)
 	_, es := ledgerSum(t, l, "k")
 	require.Empty(t, es, "ledger rows older than an hour are gone")

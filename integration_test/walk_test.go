@@ -396,7 +396,7 @@ func (w *walker) step(pool *pgxpool.Pool) {
 	case 2:
 		var err error
 		for try := 0; try == 0 || err != nil && try < 20; try++ { // a terminated backend fails a run
-			_, err = pgratelimit.DeleteExpired(context.Background(), pool, pgratelimit.CleanupOptions{Clock: w.clock.Now})
+			_, err = deleteExpired(context.Background(), pool, pgratelimit.CleanerConfig{Clock: w.clock.Now})
 		}
 		require.NoError(w.t, err)
 	case 3:

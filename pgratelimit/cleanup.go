@@ -1,6 +1,7 @@
 package pgratelimit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -12,8 +13,27 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// CleanupOptions tune DeleteExpired.
-type CleanupOptions struct {
+// CleanupStats describes one cleanup run.
+type CleanupStats struct {
+	// Deleted is the number of rows deleted, over every table cleanup
+	// walks: buckets, grants, request IDs, leases, alert state, and the
+	// ledger rows and delivered events past their retention.
+	Deleted int64
+	// Batches is the number of delete transactions run.
+	Batches int
+	// Duration is how long the run took.
+	Duration time.Duration
+	// Skipped says that another instance was cleaning, so this run did
+	// nothing.
+	Skipped bool
+}
+
+// CleanerConfig configures a Cleaner.
+type CleanerConfig struct {
+	// Interval is the time between runs of Run; each wait adds up to 10% of
+	// random jitter so instances drift apart. Defaults to 1 minute.
+	Interval time.Duration
+
 	// BatchSize is how many rows one transaction deletes at most. Defaults
 	// to 1000.
 	BatchSize int
@@ -33,152 +53,77 @@ type CleanupOptions struct {
 
 	// EventRetention is how long delivered usage alert events
 	// (Config.Alerts) are kept after their delivery; undelivered events are
-	// never deleted. Defaults to DefaultEventRetention (7 days).
+	// never deleted. Defaults to 7 days.
 	EventRetention time.Duration
 
 	// MeterProvider receives the pgratelimit.cleanup.deleted counter.
 	// Defaults to otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
-}
-
-func (o *CleanupOptions) setDefaults() error {
-	if o.BatchSize < 0 {
-		return configError("CleanupOptions.BatchSize", "must be >= 0, got %d", o.BatchSize)
-	}
-	if o.StatementTimeout < 0 {
-		return configError("CleanupOptions.StatementTimeout", "must be >= 0, got %s", o.StatementTimeout)
-	}
-	if o.LedgerRetention < 0 {
-		return configError("CleanupOptions.LedgerRetention", "must be >= 0, got %s", o.LedgerRetention)
-	}
-	if o.EventRetention < 0 {
-		return configError("CleanupOptions.EventRetention", "must be >= 0, got %s", o.EventRetention)
-	}
-	if o.EventRetention == 0 {
-		o.EventRetention = DefaultEventRetention
-	}
-	if o.BatchSize == 0 {
-		o.BatchSize = 1000
-	}
-	if o.StatementTimeout == 0 {
-		o.StatementTimeout = 10 * time.Second
-	}
-	return nil
-}
-
-// DefaultEventRetention is how long cleanup keeps delivered events unless
-// CleanupOptions.EventRetention says otherwise.
-const DefaultEventRetention = 7 * 24 * time.Hour
-
-// CleanupStats describes one cleanup run.
-type CleanupStats struct {
-	// Deleted is the number of rows deleted, over every table cleanup
-	// walks: buckets, grants, request IDs, leases, alert state, and the
-	// ledger rows and delivered events past their retention.
-	Deleted int64
-	// Batches is the number of delete transactions run.
-	Batches int
-	// Duration is how long the run took.
-	Duration time.Duration
-	// Skipped says that another instance was cleaning, so this run did
-	// nothing (Cleaner only).
-	Skipped bool
-	// Err is the run's error, if any (Cleaner only; DeleteExpired returns
-	// it).
-	Err error
-}
-
-// DeleteExpired deletes the rows of both bucket tables (durable and
-// ephemeral) whose expires_at has passed: buckets that are full again, which
-// a check treats exactly like missing rows, and the grants that are spent
-// (or expired, once their expiry is in the ledger), which no check spends;
-// so deleting them never changes a decision. It also forgets request IDs
-// past their retention (Config.RequestIDRetention), expired leases
-// (Semaphore: their units are free already), the alert state of
-// periods that have ended (Config.Alerts), usage alert events delivered
-// longer ago than opts.EventRetention, and, with opts.LedgerRetention,
-// ledger rows older than it. It deletes in batches of
-// opts.BatchSize, one short transaction each, skipping rows that a check has
-// locked (FOR UPDATE SKIP LOCKED), until a batch comes back short or ctx
-// ends. It returns the number of rows deleted, also when it stops on an
-// error.
-func DeleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions) (deleted int64, err error) {
-	st, err := deleteExpired(ctx, pool, opts, false)
-	return st.Deleted, err
-}
-
-func deleteExpired(ctx context.Context, pool *pgxpool.Pool, opts CleanupOptions, exclusive bool) (st CleanupStats, err error) {
-	if pool == nil {
-		return st, configError("pool", "is nil")
-	}
-	if err := opts.setDefaults(); err != nil {
-		return st, err
-	}
-	start := time.Now()
-	counter := cleanupCounter(opts.MeterProvider)
-	run, err := cleanup.Run(ctx, pool, cleanup.Options{BatchSize: opts.BatchSize, Clock: opts.Clock,
-		StatementTimeout: opts.StatementTimeout, LedgerRetention: opts.LedgerRetention, EventRetention: opts.EventRetention, Exclusive: exclusive,
-		Deleted: func(ctx context.Context, n int64) { counter.Add(ctx, n) }})
-	return CleanupStats{Deleted: run.Deleted, Batches: run.Batches, Skipped: run.Skipped, Duration: time.Since(start)}, err
-}
-
-// CleanerConfig configures a Cleaner.
-type CleanerConfig struct {
-	// Interval is the time between runs; each wait adds up to 10% of random
-	// jitter so instances drift apart. Defaults to 1 minute.
-	Interval time.Duration
-
-	// BatchSize, Clock, StatementTimeout, LedgerRetention,
-	// EventRetention and MeterProvider are as in CleanupOptions.
-	BatchSize        int
-	Clock            func() time.Time
-	StatementTimeout time.Duration
-	LedgerRetention  time.Duration
-	EventRetention   time.Duration
-	MeterProvider    metric.MeterProvider
 
 	// Logger receives a line per run (rows deleted, batches, duration) at
 	// Info, or Warn for a failed run. Defaults to nil: discard.
 	Logger *slog.Logger
 
-	// OnRun, when set, is called after every run, e.g. to export metrics,
-	// including a run cut short by Run's context (its Err is then the
-	// context's). It runs on the Cleaner's goroutine: keep it quick.
-	OnRun func(CleanupStats)
+	// OnRun, when set, is called after every run of Run with what RunOnce
+	// returned, including a run cut short by Run's context (its error is
+	// then the context's). It runs on the Cleaner's goroutine: keep it
+	// quick. Defaults to nil.
+	OnRun func(CleanupStats, error)
 }
 
-// Cleaner deletes expired bucket rows periodically. Run it in every app
-// instance: in each run, only the instance that gets the cleanup advisory lock
-// of the schema (pg_try_advisory_xact_lock, taken per batch transaction, so
-// it works behind PgBouncer in transaction mode) deletes; the others skip.
+// Cleaner deletes the rows of both bucket tables (durable and ephemeral)
+// whose expires_at has passed: buckets that are full again, which a check
+// treats exactly like missing rows, and the grants that are spent (or
+// expired, once their expiry is in the ledger), which no check spends; so
+// deleting them never changes a decision. It also forgets request IDs past
+// their retention (Config.RequestIDRetention), expired leases (Semaphore:
+// their units are free already, and the answers about them no longer
+// depend on the row), the alert state of periods that have ended
+// (Config.Alerts), usage alert events delivered longer ago than
+// EventRetention, and, with LedgerRetention, ledger rows older than it.
+//
+// It deletes in batches of BatchSize, one short transaction each, skipping
+// rows that a check has locked (FOR UPDATE SKIP LOCKED), until a batch comes
+// back short or the context ends. Run it in every app instance: in each run,
+// only the instance that gets the cleanup advisory lock of the schema
+// (pg_try_advisory_xact_lock, taken per batch transaction, so it works
+// behind PgBouncer in transaction mode) deletes; the others skip.
 type Cleaner struct {
-	pool *pgxpool.Pool
-	cfg  CleanerConfig
-	opts CleanupOptions
-	log  *slog.Logger
+	pool    *pgxpool.Pool
+	cfg     CleanerConfig
+	log     *slog.Logger
+	counter metric.Int64Counter
 }
 
-// NewCleaner validates cfg and returns a Cleaner. It does not start it: call
-// Run.
+// NewCleaner validates cfg and returns a Cleaner of pool's database. It
+// does not start it: call Run, or RunOnce for one run.
 func NewCleaner(pool *pgxpool.Pool, cfg CleanerConfig) (*Cleaner, error) {
-	if pool == nil {
+	bad := func(field, format string, args ...any) error {
+		return configError("CleanerConfig."+field, format, args...)
+	}
+	switch {
+	case pool == nil:
 		return nil, configError("pool", "is nil")
+	case cfg.Interval < 0:
+		return nil, bad("Interval", "must be >= 0, got %s", cfg.Interval)
+	case cfg.BatchSize < 0:
+		return nil, bad("BatchSize", "must be >= 0, got %d", cfg.BatchSize)
+	case cfg.StatementTimeout < 0:
+		return nil, bad("StatementTimeout", "must be >= 0, got %s", cfg.StatementTimeout)
+	case cfg.LedgerRetention < 0:
+		return nil, bad("LedgerRetention", "must be >= 0, got %s", cfg.LedgerRetention)
+	case cfg.EventRetention < 0:
+		return nil, bad("EventRetention", "must be >= 0, got %s", cfg.EventRetention)
 	}
-	if cfg.Interval < 0 {
-		return nil, configError("CleanerConfig.Interval", "must be >= 0, got %s", cfg.Interval)
-	}
-	if cfg.Interval == 0 {
-		cfg.Interval = time.Minute
-	}
-	opts := CleanupOptions{BatchSize: cfg.BatchSize, Clock: cfg.Clock, StatementTimeout: cfg.StatementTimeout, LedgerRetention: cfg.LedgerRetention, EventRetention: cfg.EventRetention, MeterProvider: cfg.MeterProvider}
-	if err := opts.setDefaults(); err != nil {
-		return nil, err
-	}
+	cfg.Interval = cmp.Or(cfg.Interval, time.Minute)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, 1000)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, 10*time.Second)
+	cfg.EventRetention = cmp.Or(cfg.EventRetention, 7*24*time.Hour)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Cleaner{pool: pool, cfg: cfg, opts: opts, log: log}, nil
+	return &Cleaner{pool: pool, cfg: cfg, log: log, counter: cleanupCounter(cfg.MeterProvider)}, nil
 }
 
 // Run cleans once right away, then every Interval (plus jitter), until ctx is
@@ -194,9 +139,9 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		}
-		st := c.RunOnce(ctx)
+		st, err := c.RunOnce(ctx)
 		if c.cfg.OnRun != nil {
-			c.cfg.OnRun(st) // also for a run cut short: its deletions happened
+			c.cfg.OnRun(st, err) // also for a run cut short: its deletions happened
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -207,10 +152,15 @@ func (c *Cleaner) Run(ctx context.Context) error {
 }
 
 // RunOnce runs one cleanup now, as Run does at each interval, logs it and
-// returns its stats (the error is in CleanupStats.Err).
-func (c *Cleaner) RunOnce(ctx context.Context) CleanupStats {
-	st, err := deleteExpired(ctx, c.pool, c.opts, true)
-	st.Err = err
+// returns what it did, also when it stops on an error (the rows deleted
+// before it stay deleted). When another instance holds the cleanup lock it
+// deletes nothing and reports Skipped.
+func (c *Cleaner) RunOnce(ctx context.Context) (CleanupStats, error) {
+	start := time.Now()
+	run, err := cleanup.Run(ctx, c.pool, cleanup.Options{BatchSize: c.cfg.BatchSize, Clock: c.cfg.Clock,
+		StatementTimeout: c.cfg.StatementTimeout, LedgerRetention: c.cfg.LedgerRetention, EventRetention: c.cfg.EventRetention, Exclusive: true,
+		Deleted: func(ctx context.Context, n int64) { c.counter.Add(ctx, n) }})
+	st := CleanupStats{Deleted: run.Deleted, Batches: run.Batches, Skipped: run.Skipped, Duration: time.Since(start)}
 	attrs := []any{"deleted", st.Deleted, "batches", st.Batches, "duration", st.Duration}
 	switch {
 	case err != nil && !errors.Is(err, context.Canceled):
@@ -220,5 +170,5 @@ func (c *Cleaner) RunOnce(ctx context.Context) CleanupStats {
 	case err == nil:
 		c.log.InfoContext(ctx, "pgratelimit: cleanup", attrs...)
 	}
-	return st
+	return st, err
 }

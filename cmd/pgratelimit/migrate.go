@@ -175,9 +175,10 @@ func sayChanges(say io.Writer, action string, before, after []migrationRow) {
 }
 
 // runCleanup is `pgratelimit cleanup`: delete the expired rows once, or
-// every --every until interrupted. Its count is DeleteExpired's, over every
-// table (expired leases included): the library does not count them by
-// table.
+// every --every until interrupted, with a Cleaner (so a run skips while an
+// application's Cleaner holds the schema's cleanup lock). Its count is over
+// every table (expired leases included): the library does not count them
+// by table.
 func runCleanup(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "cleanup")
 	every := f.Duration("every", 0, "run every D until interrupted (default: once)")
@@ -195,15 +196,20 @@ func runCleanup(ctx context.Context, c *cli, args []string) int {
 	}
 	ctx, cancel := f.withTimeout(ctx)
 	defer cancel()
-	start := time.Now()
-	n, err := pgratelimit.DeleteExpired(ctx, pool, pgratelimit.CleanupOptions{BatchSize: *batch})
+	cl, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: *batch})
 	if err != nil {
 		return f.fail(err)
 	}
-	if f.json {
-		f.printJSON(map[string]any{"deleted": n, "ms": time.Since(start).Milliseconds()})
-	} else {
-		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", n, time.Since(start).Round(time.Millisecond))
+	st, err := cl.RunOnce(ctx)
+	switch {
+	case err != nil:
+		return f.fail(err)
+	case f.json:
+		f.printJSON(map[string]any{"deleted": st.Deleted, "batches": st.Batches, "ms": st.Duration.Milliseconds(), "skipped": st.Skipped})
+	case st.Skipped:
+		fmt.Fprintln(c.stdout, "skipped: another instance is cleaning (it holds the schema's cleanup lock)")
+	default:
+		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", st.Deleted, st.Duration.Round(time.Millisecond))
 	}
 	return exitOK
 }
@@ -221,12 +227,12 @@ func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.D
 	}
 	for {
 		rctx, cancel := f.withTimeout(ctx)
-		st := cl.RunOnce(rctx)
+		st, err := cl.RunOnce(rctx)
 		cancel()
 		if ctx.Err() != nil {
 			return exitOK
 		}
-		if f.json && st.Err == nil {
+		if f.json && err == nil {
 			f.printJSON(map[string]any{"deleted": st.Deleted, "batches": st.Batches, "ms": st.Duration.Milliseconds(), "skipped": st.Skipped})
 		}
 		jitter := time.Duration(mrand.Int64N(int64(every)/10 + 1))
