@@ -3,53 +3,33 @@ package integration
 import (
 	"context"
 	"errors"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
 
-// NewClient asks the database its dialect, and says so when it cannot;
-// a named dialect needs no database.
+// NewClient asks the database its dialect, and says so when it cannot.
 func TestNewClient(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)
 	c := newClient(t, pool, pgratelimit.ClientConfig{})
-	want := pgratelimit.Postgres
-	if os.Getenv(testdb.DistributeEnvVar) != "" {
-		want = pgratelimit.Citus
-	}
-	require.Equal(t, want, c.Dialect())
-	d, err := c.Detect(ctx)
-	require.NoError(t, err)
-	require.Equal(t, want, d)
+	require.NoError(t, c.Detect(ctx))
 
 	down := unreachablePool(t)
-	_, err = pgratelimit.NewClient(ctx, down, pgratelimit.ClientConfig{})
+	_, err := pgratelimit.NewClient(ctx, down, pgratelimit.ClientConfig{})
 	require.Error(t, err, "a failed detection is an error, not a guess")
 	require.ErrorContains(t, err, "dialect")
-	named, err := pgratelimit.NewClient(ctx, down, pgratelimit.ClientConfig{Dialect: pgratelimit.Postgres})
-	require.NoError(t, err)
-	require.Equal(t, pgratelimit.Postgres, named.Dialect())
-	d, err = named.Detect(ctx)
-	require.Error(t, err)
-	require.Equal(t, pgratelimit.Postgres, d, "a failed detection keeps the dialect")
 
-	for _, cfg := range []pgratelimit.ClientConfig{{CoalesceConns: -1}, {Dialect: 7}} {
-		_, err := pgratelimit.NewClient(ctx, pool, cfg)
-		require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	}
+	_, err = pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: -1})
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
+	require.ErrorContains(t, err, "ClientConfig.CoalesceConns")
 	_, err = pgratelimit.NewClient(ctx, nil, pgratelimit.ClientConfig{})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
-	_, err = c.NewLimiter(pgratelimit.Config{Prefix: "p", Capacity: 1, Refill: 1, Interval: time.Second, CoalesceConns: 4})
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "CoalesceConns is the client's")
-	require.ErrorContains(t, err, "ClientConfig.CoalesceConns")
 	_, err = c.NewLimiter(pgratelimit.Config{Prefix: "p"})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig)
 }

@@ -99,7 +99,7 @@ func TestGoldenStatements(t *testing.T) {
 		rec.on = false
 		rec.mu.Unlock()
 	}
-	client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{Dialect: pgratelimit.Postgres})
+	client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{})
 	require.NoError(t, err)
 	mk := func(c pgratelimit.Config) *pgratelimit.Limiter {
 		c.Clock = clock

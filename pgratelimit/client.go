@@ -24,10 +24,6 @@ type ClientConfig struct {
 	// the best measured on a 2-core server (see README, Performance).
 	CoalesceConns int
 
-	// Dialect names the kind of database the bucket tables are in.
-	// Defaults to DetectDialect: NewClient asks the database.
-	Dialect Dialect
-
 	// DisableRouting keeps every check on the pool's own database. By
 	// default, on Citus, a check whose buckets' shards are all on one node
 	// goes straight to that node, through a pool the client makes for it
@@ -72,11 +68,10 @@ type Client struct {
 // defaultCoalesceConns is ClientConfig.CoalesceConns's default.
 const defaultCoalesceConns = 2
 
-// NewClient returns a Client for the bucket tables in pool's database. With
-// cfg.Dialect DetectDialect it asks the database which dialect it speaks,
-// and returns that query's error if it fails (set cfg.Dialect to start
-// without asking). A missing schema is not an error here: checks report it as
-// ErrNotMigrated.
+// NewClient returns a Client for the bucket tables in pool's database. It
+// asks the database whether they are Citus distributed tables, and returns
+// that query's error if it fails. A missing schema is not an error here:
+// checks report it as ErrNotMigrated.
 func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Client, error) {
 	if pool == nil {
 		return nil, configError("pool", "is nil")
@@ -84,22 +79,10 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	if cfg.CoalesceConns < 0 {
 		return nil, configError("ClientConfig.CoalesceConns", "must be >= 0, got %d", cfg.CoalesceConns)
 	}
-	switch cfg.Dialect {
-	case DetectDialect, Postgres, Citus:
-	default:
-		return nil, configError("ClientConfig.Dialect", "must be DetectDialect, Postgres or Citus, got %d", int(cfg.Dialect))
-	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
-	switch cfg.Dialect {
-	case Postgres:
-		c.setDialect(ctx, engine.Postgres{})
-	case Citus:
-		c.setDialect(ctx, citus.Coordinator{})
-	default:
-		if _, err := c.Detect(ctx); err != nil {
-			return nil, err
-		}
+	if err := c.Detect(ctx); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -120,46 +103,25 @@ func orDefault(v, def int) int {
 }
 
 // NewLimiter returns a Limiter for cfg whose checks go through c. It
-// validates cfg (ErrInvalidConfig names the bad field) and does not touch
-// the database. Config.CoalesceConns must be 0: the client's
-// ClientConfig.CoalesceConns applies.
+// validates cfg (a *ConfigError names the bad field) and does not touch the
+// database.
 func (c *Client) NewLimiter(cfg Config) (*Limiter, error) {
-	if cfg.CoalesceConns != 0 {
-		return nil, configError("Config.CoalesceConns", "is set on the Client (ClientConfig.CoalesceConns), not on its limiters; got %d", cfg.CoalesceConns)
-	}
 	return newLimiter(c, cfg)
 }
 
-// Dialect reports the dialect c speaks: DetectDialect until it is known (a
-// client of New learns it at its first check).
-func (c *Client) Dialect() Dialect {
-	if d := c.dia.Load(); d != nil {
-		return dialectKind(*d)
-	}
-	return DetectDialect
-}
-
-// dialectKind is the Dialect named by d.
-func dialectKind(d engine.Dialect) Dialect {
-	if d.Name() == "citus" {
-		return Citus
-	}
-	return Postgres
-}
-
-// Detect asks the database again which dialect it speaks, and speaks it
-// from then on: call it after distributing the bucket tables
-// (migrations.Distribute) under a running application. On an error c keeps
-// the dialect it had.
-func (c *Client) Detect(ctx context.Context) (Dialect, error) {
+// Detect asks the database again whether the bucket tables are Citus
+// distributed tables, and speaks plain PostgreSQL or Citus accordingly from
+// then on: call it after distributing them (migrations.Distribute) under a
+// running application. On an error c keeps the dialect it had.
+func (c *Client) Detect(ctx context.Context) error {
 	c.detecting.Lock()
 	defer c.detecting.Unlock()
 	d, err := citus.Detect(ctx, c.pool)
 	if err != nil {
-		return c.Dialect(), err
+		return err
 	}
 	c.setDialect(ctx, d)
-	return dialectKind(d), nil
+	return nil
 }
 
 // setDialect makes c speak d from now on; on Citus it starts routing (its

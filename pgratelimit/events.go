@@ -28,11 +28,6 @@ const (
 	EventExhausted EventKind = "exhausted"
 )
 
-// EventsChannel is the PostgreSQL notification channel that a check's
-// transaction notifies (pg_notify, on commit) when it writes events, with
-// the limiter's prefix as the payload. A Consumer listens on it.
-const EventsChannel = sqlgen.EventsChannel
-
 // Event is a usage alert: a row of pgratelimit_events, written in the
 // transaction of the charge that crossed its line (see Alerts). ID is
 // stable: a handler that may see an event twice (delivery is at least

@@ -67,9 +67,9 @@ type ConsumerConfig struct {
 	// hour.
 	Backoff func(n int) time.Duration
 
-	// ListenConfig is the connection the consumer LISTENs on for
-	// EventsChannel: a direct connection to PostgreSQL (or PgBouncer in
-	// session mode), since LISTEN does not work through PgBouncer in
+	// ListenConfig is the connection the consumer LISTENs on for new
+	// events: a direct connection to PostgreSQL (or PgBouncer in session
+	// mode), since LISTEN does not work through PgBouncer in
 	// transaction mode. Defaults to the pool's connection settings; when
 	// notifications do not arrive there (a probe at each connection says
 	// so), the consumer polls every PollInterval.
@@ -381,7 +381,7 @@ func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bo
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	probe := "\x01probe " + hex.EncodeToString(b[:])
-	if _, err := c.pool.Exec(ctx, sqlgen.Alerts.Notify, EventsChannel, probe); err != nil {
+	if _, err := c.pool.Exec(ctx, sqlgen.Alerts.Notify, sqlgen.EventsChannel, probe); err != nil {
 		return true, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, probeWait)

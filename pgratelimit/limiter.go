@@ -115,12 +115,6 @@ type Config struct {
 	// coalesces. Defaults to false: coalescing on.
 	DisableCoalescing bool
 
-	// CoalesceConns is, for a limiter made by New, how many coalesced
-	// transactions (so pool connections) its own client runs at once (see
-	// ClientConfig.CoalesceConns). A limiter made by Client.NewLimiter
-	// takes its client's and must leave this 0. Defaults to 2.
-	CoalesceConns int
-
 	// LockTimeout bounds how long a check waits for its bucket's row lock
 	// (SET LOCAL lock_timeout) when another transaction holds it: past it
 	// the check fails with ErrLockTimeout, which is safe to retry, instead
@@ -173,7 +167,7 @@ type Config struct {
 	// RequestIDRetention is how long the database remembers a request ID
 	// (WithRequestID) after its check: a retry within it returns the first
 	// outcome and charges nothing; after it, cleanup forgets the ID and a
-	// retry is charged again. Defaults to DefaultRequestIDRetention (24h).
+	// retry is charged again. Defaults to 24 hours.
 	RequestIDRetention time.Duration
 
 	// MaxWait bounds how long Wait and WaitN may block in all; a wait that
@@ -224,9 +218,6 @@ func (c Config) validate() error {
 		return bad("Interval", "must be > 0, got %s", c.Interval)
 	case c.Interval%time.Microsecond != 0:
 		return bad("Interval", "must be a whole number of microseconds, got %s", c.Interval)
-	}
-	if c.CoalesceConns < 0 {
-		return bad("CoalesceConns", "must be >= 0, got %d", c.CoalesceConns)
 	}
 	if c.LockTimeout < 0 || c.LockTimeout%time.Millisecond != 0 {
 		return bad("LockTimeout", "must be >= 0 and a whole number of milliseconds, got %s", c.LockTimeout)
@@ -308,12 +299,11 @@ type Limiter struct {
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
-// pool: NewLimiter on a Client of the limiter's own, with
-// Config.CoalesceConns as its ClientConfig.CoalesceConns, which learns the
-// database's dialect at the first check and is never closed (see Client). It
-// validates cfg (ErrInvalidConfig names the bad field) and does not touch
-// the database: a missing schema shows up as ErrNotMigrated on the first
-// check.
+// pool: NewLimiter on a Client of the limiter's own, with the default
+// ClientConfig, which learns the database's dialect at the first check and
+// is never closed (see Client). It validates cfg (a *ConfigError names the
+// bad field) and does not touch the database: a missing schema shows up as
+// ErrNotMigrated on the first check.
 func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 	if pool == nil {
 		return nil, configError("pool", "is nil")
@@ -321,7 +311,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return newLimiter(newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns)), cfg)
+	return newLimiter(newClient(pool, defaultCoalesceConns), cfg)
 }
 
 func newLimiter(c *Client, cfg Config) (*Limiter, error) {
@@ -510,7 +500,7 @@ func (l *Limiter) row(key string) engine.Row {
 func (l *Limiter) charge(key string, cost int64) engine.Charge {
 	retention := l.cfg.RequestIDRetention
 	if retention == 0 {
-		retention = DefaultRequestIDRetention
+		retention = 24 * time.Hour
 	}
 	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention}
 	if l.alerts != nil {

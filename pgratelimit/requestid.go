@@ -24,10 +24,6 @@ import (
 // MaxRequestIDLen is the longest request ID, in bytes.
 const MaxRequestIDLen = 256
 
-// DefaultRequestIDRetention is how long request IDs are remembered when
-// Config.RequestIDRetention is 0.
-const DefaultRequestIDRetention = 24 * time.Hour
-
 type requestIDKey struct{}
 
 // WithRequestID returns a copy of ctx whose operations carry the request ID

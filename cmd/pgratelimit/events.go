@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -205,7 +206,7 @@ func (f *flags) followEvents(ctx context.Context, pool *pgxpool.Pool, filter pgr
 }
 
 // listenEvents sends on wake (without blocking) whenever a notification on
-// pgratelimit.EventsChannel says events of prefix (any, if "") were
+// the pgratelimit_events channel says events of prefix (any, if "") were
 // written, on a connection of its own made from cfg, until ctx is done. It
 // connects again every few seconds after an error; behind PgBouncer in
 // transaction mode no notification arrives, and the poll alone finds the
@@ -229,7 +230,7 @@ func listenOnce(ctx context.Context, cfg *pgx.ConnConfig, prefix string, wake ch
 		return
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{pgratelimit.EventsChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{sqlgen.EventsChannel}.Sanitize()); err != nil {
 		return
 	}
 	for {

@@ -127,7 +127,7 @@ type querier interface {
 // of Citus: Coordinator if so, else engine.Postgres (tables that do not exist
 // yet count as plain).
 func Detect(ctx context.Context, q querier) (engine.Dialect, error) {
-	const why = "detect the database's dialect (plain PostgreSQL or Citus; ClientConfig.Dialect names it instead)"
+	const why = "detect the database's dialect (plain PostgreSQL or Citus)"
 	var citusHere, dist bool
 	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citusHere); err != nil {
 		return nil, engine.DBError(why, err)

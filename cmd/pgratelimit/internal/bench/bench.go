@@ -34,7 +34,7 @@ type Options struct {
 	Refill        int64         // --refill: tokens per interval
 	Interval      time.Duration // --interval: refill interval
 	Conns         int           // --conns: pool connections (0: Concurrency, at most 200)
-	CoalesceConns int           // --coalesce-conns: Config.CoalesceConns
+	CoalesceConns int           // --coalesce-conns: ClientConfig.CoalesceConns
 	Limits        int           // --limits: 1, or 2 (a second, daily limit in one AllowAll)
 	Hold          bool          // --hold: a row held locked for the run
 	CPUProfile    string        // --cpuprofile: write the run's CPU profile here
@@ -81,7 +81,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.Refill, "refill", defaultRefill, "tokens per interval")
 	fs.DurationVar(&o.Interval, "interval", defaultInterval, "refill interval")
 	fs.IntVar(&o.Conns, "conns", 0, "pool connections (default: --concurrency, at most 200)")
-	fs.IntVar(&o.CoalesceConns, "coalesce-conns", 0, "Config.CoalesceConns (default: the library's)")
+	fs.IntVar(&o.CoalesceConns, "coalesce-conns", 0, "ClientConfig.CoalesceConns (default: the library's)")
 	fs.IntVar(&o.Limits, "limits", 1, "limits charged per check: 1, or 2 (the policy above, and one per day of the same capacity, in one AllowAll)")
 	fs.BoolVar(&o.Hold, "hold", false, "hold one other key's row in an open transaction for the run, with 4 checks waiting on it (a slow request that charges credits)")
 	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write this process's CPU profile of the run to FILE (go tool pprof)")
@@ -153,7 +153,6 @@ func (o Options) Config() (pgratelimit.Config, error) {
 	}
 	cfg.Prefix, cfg.Capacity, cfg.Refill, cfg.Interval = "bench", o.Capacity, o.Refill, o.Interval
 	cfg.DisableCoalescing = o.Mode == "per-check"
-	cfg.CoalesceConns = o.CoalesceConns
 	cfg.Grants = o.Grants > 0
 	cfg.DenyCacheSize = o.DenyCache
 	cfg.Ledger = o.Ledger

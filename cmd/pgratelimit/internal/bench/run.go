@@ -269,19 +269,12 @@ func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config,
 	if o.Leases {
 		return newLeaseChecker(ctx, pool, o)
 	}
-	ch := &checker{close: func(context.Context) {}, timeDenied: true}
-	newLimiter := func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) { return pgratelimit.New(pool, cfg) }
-	if o.NoRouting {
-		client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: cfg.CoalesceConns, DisableRouting: true})
-		if err != nil {
-			return nil, err
-		}
-		ch.close = func(ctx context.Context) { client.Close(ctx) }
-		newLimiter = func(cfg pgratelimit.Config) (*pgratelimit.Limiter, error) {
-			cfg.CoalesceConns = 0 // the client's
-			return client.NewLimiter(cfg)
-		}
+	client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: o.CoalesceConns, DisableRouting: o.NoRouting})
+	if err != nil {
+		return nil, err
 	}
+	ch := &checker{close: func(ctx context.Context) { client.Close(ctx) }, timeDenied: true}
+	newLimiter := client.NewLimiter
 	l, err := newLimiter(cfg)
 	if err != nil {
 		ch.close(ctx)
