@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,9 +39,9 @@ func emit(t *testing.T, pool *pgxpool.Pool, prefix string, n int) {
 
 // runConsumer runs a consumer of pool with cfg until the test ends or the
 // returned cancel is called, and waits for it to stop.
-func runConsumer(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.ConsumerConfig) context.CancelFunc {
+func runConsumer(t *testing.T, pool *pgxpool.Pool, cfg events.ConsumerConfig) context.CancelFunc {
 	t.Helper()
-	c, err := pgratelimit.NewConsumer(pool, cfg)
+	c, err := events.NewConsumer(pool, cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -84,13 +85,13 @@ func TestConsumerDeliversAndRetries(t *testing.T) {
 	var mu sync.Mutex
 	got := map[int64][]int{} // attempts seen per event
 	keys := map[string]bool{}
-	runConsumer(t, pool, pgratelimit.ConsumerConfig{
+	runConsumer(t, pool, events.ConsumerConfig{
 		// Woken by notifications; the poll only catches those sent before
 		// its listener was up (a loaded CI machine took over 100ms).
 		PollInterval: time.Second,
 		MaxAttempts:  3,
 		Backoff:      func(int) time.Duration { return 20 * time.Millisecond },
-		Handler: func(_ context.Context, _ pgx.Tx, e pgratelimit.Event) error {
+		Handler: func(_ context.Context, _ pgx.Tx, e events.Event) error {
 			mu.Lock()
 			defer mu.Unlock()
 			got[e.ID] = append(got[e.ID], e.Attempts)
@@ -151,9 +152,9 @@ func TestConsumerHandlerTransaction(t *testing.T) {
 	_, err := pool.Exec(ctx, `CREATE TABLE alert_emails (event_id bigint PRIMARY KEY, customer text NOT NULL)`)
 	require.NoError(t, err)
 	emit(t, pool, "h", 5)
-	c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{DisableListen: true,
+	c, err := events.NewConsumer(pool, events.ConsumerConfig{DisableListen: true,
 		Backoff: func(int) time.Duration { return 0 },
-		Handler: func(ctx context.Context, tx pgx.Tx, e pgratelimit.Event) error {
+		Handler: func(ctx context.Context, tx pgx.Tx, e events.Event) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO alert_emails VALUES ($1, $2)`, e.ID, e.Key); err != nil {
 				return err
 			}
@@ -196,8 +197,8 @@ func TestConsumerKilledMidDelivery(t *testing.T) {
 			emit(t, pool, "x", 1)
 			blocked := make(chan struct{})
 			var once sync.Once
-			stop := runConsumer(t, pool, pgratelimit.ConsumerConfig{DisableListen: true, PollInterval: 10 * time.Millisecond,
-				Handler: func(ctx context.Context, _ pgx.Tx, _ pgratelimit.Event) error {
+			stop := runConsumer(t, pool, events.ConsumerConfig{DisableListen: true, PollInterval: 10 * time.Millisecond,
+				Handler: func(ctx context.Context, _ pgx.Tx, _ events.Event) error {
 					once.Do(func() { close(blocked) })
 					<-ctx.Done() // blocks until the consumer is stopped (or HandlerTimeout)
 					return ctx.Err()
@@ -216,8 +217,8 @@ WHERE application_name = $1 AND backend_type = 'client backend'`, app)
 			require.Zero(t, evs[0].Attempts, "a killed delivery counts no attempt")
 			var delivered sync.WaitGroup
 			delivered.Add(1)
-			runConsumer(t, admin, pgratelimit.ConsumerConfig{DisableListen: true, PollInterval: 10 * time.Millisecond,
-				Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { delivered.Done(); return nil }})
+			runConsumer(t, admin, events.ConsumerConfig{DisableListen: true, PollInterval: 10 * time.Millisecond,
+				Handler: func(context.Context, pgx.Tx, events.Event) error { delivered.Done(); return nil }})
 			delivered.Wait()
 			waitDelivered(t, admin, "x", 5*time.Second)
 		})
@@ -237,9 +238,9 @@ func TestConsumersNeverOverlap(t *testing.T) {
 	var mu sync.Mutex
 	spans := map[int64][]span{}
 	for i := range 3 {
-		runConsumer(t, pool, pgratelimit.ConsumerConfig{BatchSize: 3, PollInterval: 5 * time.Millisecond,
+		runConsumer(t, pool, events.ConsumerConfig{BatchSize: 3, PollInterval: 5 * time.Millisecond,
 			Backoff: func(int) time.Duration { return 0 },
-			Handler: func(_ context.Context, _ pgx.Tx, e pgratelimit.Event) error {
+			Handler: func(_ context.Context, _ pgx.Tx, e events.Event) error {
 				start := time.Now()
 				time.Sleep(time.Duration(e.ID%3) * time.Millisecond)
 				mu.Lock()

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 	"github.com/stretchr/testify/require"
 )
 
@@ -121,7 +122,7 @@ func auditHammer(t *testing.T, l *pgratelimit.Limiter, pool *pgxpool.Pool, start
 				continue
 			}
 			got = append(got, lineOf(e))
-			if e.Kind == pgratelimit.EventExhausted {
+			if e.Kind == events.Exhausted {
 				continue
 			}
 			require.NotEmpty(t, e.RequestID, "%+v", e)
@@ -131,9 +132,9 @@ func auditHammer(t *testing.T, l *pgratelimit.Limiter, pool *pgxpool.Pool, start
 			require.Equal(t, rec.Amount > 0, true)
 			before := e.Remaining + rec.Amount
 			switch e.Kind {
-			case pgratelimit.EventUsed:
+			case events.Used:
 				require.True(t, float64(1000-before) < e.Fraction*1000 && float64(1000-e.Remaining) >= e.Fraction*1000, "%+v crossed by %d", e, rec.Amount)
-			case pgratelimit.EventBelow:
+			case events.Below:
 				require.True(t, before > e.Level && e.Remaining <= e.Level, "%+v crossed by %d", e, rec.Amount)
 			}
 		}
@@ -231,9 +232,9 @@ func TestAlertsThroughPgBouncer(t *testing.T) {
 	// A consumer through PgBouncer: LISTEN does not work there, its probe
 	// says so, and it delivers by polling.
 	var logs syncBuffer
-	runConsumer(t, pool, pgratelimit.ConsumerConfig{PollInterval: 50 * time.Millisecond,
+	runConsumer(t, pool, events.ConsumerConfig{PollInterval: 50 * time.Millisecond,
 		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
-		Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { return nil }})
+		Handler: func(context.Context, pgx.Tx, events.Event) error { return nil }})
 	waitDelivered(t, pool, "h", 10*time.Second)
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "notifications do not arrive") }, 10*time.Second, 10*time.Millisecond)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -31,8 +32,8 @@ func TestAlertsCleanup(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t)
 	emit(t, pool, "cl", 5)
-	c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{DisableListen: true, MaxAttempts: 1,
-		Handler: func(_ context.Context, _ pgx.Tx, e pgratelimit.Event) error {
+	c, err := events.NewConsumer(pool, events.ConsumerConfig{DisableListen: true, MaxAttempts: 1,
+		Handler: func(_ context.Context, _ pgx.Tx, e events.Event) error {
 			if e.Key >= "k003" {
 				return errors.New("no")
 			}
@@ -76,8 +77,8 @@ func TestAlertsMetrics(t *testing.T) {
 		_, err := l.Allow(ctx, "k")
 		require.NoError(t, err)
 	}
-	c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{DisableListen: true, MeterProvider: mp,
-		Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { return nil }})
+	c, err := events.NewConsumer(pool, events.ConsumerConfig{DisableListen: true, MeterProvider: mp,
+		Handler: func(context.Context, pgx.Tx, events.Event) error { return nil }})
 	require.NoError(t, err)
 	n, err := c.RunOnce(ctx)
 	require.NoError(t, err)
@@ -116,28 +117,29 @@ func TestListEvents(t *testing.T) {
 	for i := 1; i < len(all); i++ {
 		require.Less(t, all[i-1].ID, all[i].ID)
 	}
-	last2, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "le", Limit: 2})
+	last2, err := events.List(ctx, pool, events.Filter{Prefix: "le", Limit: 2})
 	require.NoError(t, err)
 	require.Equal(t, []int64{all[3].ID, all[4].ID}, []int64{last2[0].ID, last2[1].ID}, "the newest, newest last")
-	after, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "le", AfterID: all[1].ID, Limit: 2})
+	after, err := events.List(ctx, pool, events.Filter{Prefix: "le", AfterID: all[1].ID, Limit: 2})
 	require.NoError(t, err)
 	require.Equal(t, []int64{all[2].ID, all[3].ID}, []int64{after[0].ID, after[1].ID}, "the oldest after AfterID")
-	one, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "le", Key: "k002"})
+	one, err := events.List(ctx, pool, events.Filter{Prefix: "le", Key: "k002"})
 	require.NoError(t, err)
 	require.Len(t, one, 1)
 	require.Equal(t, "k002", one[0].Key)
-	everything, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{})
+	everything, err := events.List(ctx, pool, events.Filter{})
 	require.NoError(t, err)
 	require.Len(t, everything, 7)
-	none, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Since: time.Now().Add(time.Hour)})
+	none, err := events.List(ctx, pool, events.Filter{Since: time.Now().Add(time.Hour)})
 	require.NoError(t, err)
 	require.Empty(t, none)
-	for _, f := range []pgratelimit.EventFilter{{Limit: -1}, {Limit: 10001}, {Prefix: "a\x00"}} {
-		_, err := pgratelimit.ListEvents(ctx, pool, f)
-		require.ErrorIs(t, err, pgratelimit.ErrInvalidConfig, "%+v", f)
+	for _, f := range []events.Filter{{Limit: -1}, {Limit: 10001}, {Prefix: "a\x00"}} {
+		_, err := events.List(ctx, pool, f)
+		require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument, "%+v", f)
 	}
-	_, err = pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Key: "\xff"})
+	_, err = events.List(ctx, pool, events.Filter{Key: "\xff"})
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
 }
 
 // On Citus (PGRATELIMIT_TEST_CITUS_URL): the alert tables stay on the
@@ -153,8 +155,8 @@ func TestAlertsOnCitus(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, []line{used(0.5), exhausted()}, lines(listEvents(t, pool, "ct")))
-	c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{DisableListen: true,
-		Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { return nil }})
+	c, err := events.NewConsumer(pool, events.ConsumerConfig{DisableListen: true,
+		Handler: func(context.Context, pgx.Tx, events.Event) error { return nil }})
 	require.NoError(t, err)
 	n, err := c.RunOnce(ctx)
 	require.NoError(t, err)

@@ -15,13 +15,14 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 	"github.com/stretchr/testify/require"
 )
 
 // listEvents is every event of prefix, oldest first.
-func listEvents(t *testing.T, pool *pgxpool.Pool, prefix string) []pgratelimit.Event {
+func listEvents(t *testing.T, pool *pgxpool.Pool, prefix string) []events.Event {
 	t.Helper()
-	evs, err := pgratelimit.ListEvents(context.Background(), pool, pgratelimit.EventFilter{Prefix: prefix, Limit: 10000})
+	evs, err := events.List(context.Background(), pool, events.Filter{Prefix: prefix, Limit: 10000})
 	require.NoError(t, err)
 	return evs
 }
@@ -36,17 +37,17 @@ func alertLimiter(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.Config) *pgr
 
 // line is what identifies an event in the tests: its kind and line.
 type line struct {
-	kind     pgratelimit.EventKind
+	kind     events.Kind
 	fraction float64
 	level    int64
 }
 
-func lineOf(e pgratelimit.Event) line { return line{e.Kind, e.Fraction, e.Level} }
+func lineOf(e events.Event) line { return line{e.Kind, e.Fraction, e.Level} }
 
-func used(f float64) line { return line{kind: pgratelimit.EventUsed, fraction: f} }
-func below(l int64) line  { return line{kind: pgratelimit.EventBelow, level: l} }
-func exhausted() line     { return line{kind: pgratelimit.EventExhausted} }
-func lines(evs []pgratelimit.Event) []line {
+func used(f float64) line { return line{kind: events.Used, fraction: f} }
+func below(l int64) line  { return line{kind: events.Below, level: l} }
+func exhausted() line     { return line{kind: events.Exhausted} }
+func lines(evs []events.Event) []line {
 	out := make([]line, len(evs))
 	for i, e := range evs {
 		out[i] = lineOf(e)
@@ -198,13 +199,13 @@ func TestAlertsQueryModes(t *testing.T) {
 				require.NoError(t, err)
 			}
 			require.Equal(t, []line{used(0.5), below(0), exhausted()}, lines(listEvents(t, pool, mode)))
-			c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{DisableListen: true, Prefixes: []string{mode},
-				Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { return nil }})
+			c, err := events.NewConsumer(pool, events.ConsumerConfig{DisableListen: true, Prefixes: []string{mode},
+				Handler: func(context.Context, pgx.Tx, events.Event) error { return nil }})
 			require.NoError(t, err)
 			n, err := c.RunOnce(ctx)
 			require.NoError(t, err)
 			require.Equal(t, 3, n)
-			after, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: mode, AfterID: 1, Since: t0.Add(-time.Hour)})
+			after, err := events.List(ctx, pool, events.Filter{Prefix: mode, AfterID: 1, Since: t0.Add(-time.Hour)})
 			require.NoError(t, err)
 			require.NotEmpty(t, after)
 		})

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 	"github.com/stretchr/testify/require"
 )
 
@@ -57,9 +58,9 @@ func alertWalk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context,
 // and balance. It returns the number of events.
 func auditWalkEvents(t *testing.T, pool *pgxpool.Pool, w *walker) int {
 	ctx := context.Background()
-	evs, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "walk", Limit: 10000})
+	evs, err := events.List(ctx, pool, events.Filter{Prefix: "walk", Limit: 10000})
 	require.NoError(t, err)
-	seen := map[string]pgratelimit.Event{}
+	seen := map[string]events.Event{}
 	for _, e := range evs {
 		id := fmt.Sprintf("%s %s %v %v %s", e.Key, e.Kind, e.Fraction, e.Level, e.PeriodStart.UTC())
 		if o, ok := seen[id]; ok {
@@ -68,7 +69,7 @@ func auditWalkEvents(t *testing.T, pool *pgxpool.Pool, w *walker) int {
 		seen[id] = e
 		require.False(t, e.At.Before(e.PeriodStart), "%+v", e)
 		require.True(t, e.At.Before(e.PeriodEnd), "%+v", e)
-		if e.Kind == pgratelimit.EventExhausted {
+		if e.Kind == events.Exhausted {
 			continue
 		}
 		es, err := w.plans[0].Ledger(ctx, e.Key, e.At)

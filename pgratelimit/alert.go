@@ -7,7 +7,7 @@ import (
 )
 
 // Alerts are a limiter's usage alerts: lines across a key's balance that
-// write an event (see Event) in the transaction of the charge that crosses
+// write an event (see package events: events.Event) in the transaction of the charge that crosses
 // one, so that the event exists if and only if its charge committed. Each
 // line fires at most once per key and period: when a charge first crosses
 // it. A refund or a grant that lifts the balance back above a line does not

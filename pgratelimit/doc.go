@@ -68,9 +68,10 @@
 //
 // Config.Alerts names thresholds (a fraction of the period used, a balance
 // at or below an amount, exhaustion). The charge that crosses one writes an
-// Event in its own transaction, once per period; a Consumer (NewConsumer)
-// hands each event to an EventHandler in a transaction where the app's own
-// writes commit with the delivery, so each is handled exactly once.
+// event in its own transaction, once per period; a Consumer of package
+// events (events.NewConsumer) hands each to a Handler in a transaction
+// where the app's own writes commit with the delivery, so each is handled
+// exactly once.
 //
 // # Clients
 //

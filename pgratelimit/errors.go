@@ -3,7 +3,6 @@ package pgratelimit
 import (
 	"errors"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
@@ -22,7 +21,7 @@ import (
 // (ErrLockTimeout, ErrNotMigrated, the ledger's and leases' answers).
 var (
 	// ErrInvalidConfig is returned by New, NewClient, NewSemaphore,
-	// NewConsumer and NewCleaner when a field of their configuration is out
+	// events.NewConsumer and NewCleaner when a field of their configuration is out
 	// of range: the error is a *ConfigError that names the field. An
 	// operation of a Semaphore on a key whose row holds a Limiter's bucket
 	// is ErrInvalidConfig too: the two share a Prefix and Storage, and so
@@ -124,6 +123,8 @@ type ConfigError struct {
 	Reason string
 }
 
+// Error reads "pgratelimit: invalid config: " then the field and the
+// reason.
 func (e *ConfigError) Error() string {
 	return ErrInvalidConfig.Error() + ": " + e.Field + " " + e.Reason
 }
@@ -162,22 +163,7 @@ const (
 )
 
 // checkText reports why s is not a valid key or prefix, or "".
-func checkText(s string, maxLen int) string {
-	switch {
-	case s == "":
-		return "must not be empty"
-	case len(s) > maxLen:
-		return fmt.Sprintf("is %d bytes, longer than %d", len(s), maxLen)
-	case !utf8.ValidString(s):
-		return "is not valid UTF-8"
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return "contains a NUL byte"
-		}
-	}
-	return ""
-}
+func checkText(s string, maxLen int) string { return engine.CheckText(s, maxLen) }
 
 func validateKey(key string) error {
 	if why := checkText(key, MaxKeyLen); why != "" {

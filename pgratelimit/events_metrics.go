@@ -12,7 +12,7 @@ import (
 // eventInstruments count usage alert events, by limiter prefix and kind
 // (few of each: never a key).
 type eventInstruments struct {
-	emittedCount, deliveredCount metric.Int64Counter
+	emittedCount metric.Int64Counter
 }
 
 func newEventInstruments(mp metric.MeterProvider) *eventInstruments {
@@ -24,8 +24,6 @@ func newEventInstruments(mp metric.MeterProvider) *eventInstruments {
 	// As in newInstruments: a refused instrument is a working no-op.
 	in.emittedCount, _ = m.Int64Counter("pgratelimit.events.emitted", metric.WithUnit("{event}"),
 		metric.WithDescription("Usage alert events written by checks' transactions, by limiter prefix and kind (used, below, exhausted); counted when the database confirms the write, before COMMIT."))
-	in.deliveredCount, _ = m.Int64Counter("pgratelimit.events.delivered", metric.WithUnit("{event}"),
-		metric.WithDescription("Usage alert events a Consumer's handler accepted and marked delivered (committed), by limiter prefix and kind."))
 	return in
 }
 
@@ -37,9 +35,4 @@ func eventAttrs(prefix, kind string) metric.MeasurementOption {
 // emitted counts an event written.
 func (in *eventInstruments) emitted(ctx context.Context, prefix string, k alert.Kind) {
 	in.emittedCount.Add(ctx, 1, eventAttrs(prefix, k.String()))
-}
-
-// delivered counts an event delivered.
-func (in *eventInstruments) delivered(ctx context.Context, e Event) {
-	in.deliveredCount.Add(ctx, 1, eventAttrs(e.Prefix, string(e.Kind)))
 }

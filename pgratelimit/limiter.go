@@ -178,7 +178,7 @@ type Config struct {
 	// Alerts are usage alerts: events written in the transaction of the
 	// charge that crosses a line (80% of the quota used, the balance at or
 	// below 100, a denial once it is spent), once per key and period, for a
-	// Consumer to deliver (see Alerts, Event). Needs Storage Durable. A
+	// Consumer to deliver (see Alerts, and package events). Needs Storage Durable. A
 	// charge that crosses no line costs a few comparisons in Go. Defaults
 	// to none.
 	Alerts Alerts

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
 func Example_credits() {
@@ -155,8 +156,8 @@ func Example_alerts() {
 	// Every instance runs a consumer (go consumer.Run(ctx)). Its handler runs in
 	// the transaction that marks the event delivered: with River,
 	// riverClient.InsertTx(ctx, tx, AlertEmailArgs{EventID: e.ID}, nil).
-	consumer, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{
-		Handler: func(ctx context.Context, tx pgx.Tx, e pgratelimit.Event) error {
+	consumer, err := events.NewConsumer(pool, events.ConsumerConfig{
+		Handler: func(ctx context.Context, tx pgx.Tx, e events.Event) error {
 			fmt.Println("alert:", e.Key, e.Kind, e.Fraction, e.Level, "balance", e.Balance)
 			return nil
 		},

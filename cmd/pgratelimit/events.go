@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
-	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
 // eventsMore ends events' help: what a line says, and what --follow and
@@ -43,7 +43,7 @@ const maxEventLimit = 10000
 // written, until interrupted.
 func runEvents(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "events")
-	var filter pgratelimit.EventFilter
+	var filter events.Filter
 	f.StringVar(&filter.Prefix, "prefix", "", "only the events of limiter prefix `P` (default: any)")
 	f.StringVar(&filter.Key, "key", "", "only the events of key `K` (default: any)")
 	since := f.String("since", "", "only events at or after `T`: an RFC 3339 time, a date, or a duration before now such as 24h (default: all)")
@@ -65,7 +65,7 @@ func runEvents(ctx context.Context, c *cli, args []string) int {
 	}
 	defer pool.Close()
 	qctx, cancel := f.withTimeout(ctx)
-	evs, err := pgratelimit.ListEvents(qctx, pool, filter)
+	evs, err := events.List(qctx, pool, filter)
 	cancel()
 	if err != nil {
 		return f.fail(err)
@@ -101,7 +101,7 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 }
 
 // filterText says what filter selects, for "no events ...".
-func filterText(filter pgratelimit.EventFilter) string {
+func filterText(filter events.Filter) string {
 	var of []string
 	if filter.Prefix != "" {
 		of = append(of, "prefix "+strconv.Quote(filter.Prefix))
@@ -130,7 +130,7 @@ type eventPrinter struct {
 }
 
 // print prints the events of evs not printed yet, in their order.
-func (p *eventPrinter) print(evs []pgratelimit.Event) {
+func (p *eventPrinter) print(evs []events.Event) {
 	for _, e := range evs {
 		if p.seen[e.ID] || e.ID < p.floor || e.ID <= p.last-followWindow {
 			continue
@@ -153,12 +153,12 @@ func (p *eventPrinter) print(evs []pgratelimit.Event) {
 // poll prints the events written since the last poll: those above the
 // last ID printed less followWindow, not printed yet, a page of
 // maxEventLimit at a time.
-func (p *eventPrinter) poll(ctx context.Context, pool *pgxpool.Pool, filter pgratelimit.EventFilter) error {
+func (p *eventPrinter) poll(ctx context.Context, pool *pgxpool.Pool, filter events.Filter) error {
 	for {
 		filter.Limit, filter.AfterID = maxEventLimit, p.last-followWindow
 		// (At AfterID 0 or below, ListEvents returns the newest events
 		// instead, the same ones unless more than a page came at once.)
-		evs, err := pgratelimit.ListEvents(ctx, pool, filter)
+		evs, err := events.List(ctx, pool, filter)
 		if err != nil {
 			return err
 		}
@@ -172,7 +172,7 @@ func (p *eventPrinter) poll(ctx context.Context, pool *pgxpool.Pool, filter pgra
 // followEvents polls for new events every eventPollInterval, and when a
 // notification says some were written, until ctx is done (exit status 0).
 // A failed poll is said on stderr, once until one succeeds again.
-func (f *flags) followEvents(ctx context.Context, pool *pgxpool.Pool, filter pgratelimit.EventFilter, p *eventPrinter) int {
+func (f *flags) followEvents(ctx context.Context, pool *pgxpool.Pool, filter events.Filter, p *eventPrinter) int {
 	wake := make(chan struct{}, 1)
 	lctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -268,14 +268,14 @@ type eventJSON struct {
 	LastError   string     `json:"last_error,omitempty"`
 }
 
-func eventJSONOf(e pgratelimit.Event) eventJSON {
+func eventJSONOf(e events.Event) eventJSON {
 	j := eventJSON{ID: e.ID, At: e.At.UTC(), Prefix: e.Prefix, Key: e.Key, Kind: string(e.Kind), Balance: e.Balance,
 		Remaining: e.Remaining, Capacity: e.Capacity, PeriodStart: e.PeriodStart.UTC(), PeriodEnd: e.PeriodEnd.UTC(),
 		RequestID: e.RequestID, Attempts: e.Attempts, LastError: e.LastError}
 	switch e.Kind {
-	case pgratelimit.EventUsed:
+	case events.Used:
 		j.Fraction = &e.Fraction
-	case pgratelimit.EventBelow:
+	case events.Below:
 		j.Level = &e.Level
 	}
 	if !e.DeliveredAt.IsZero() {
@@ -294,7 +294,7 @@ const eventTime = "2006-01-02T15:04:05.000Z07:00"
 //
 //	17  2026-11-25T09:58:03.123Z  api-calls "customer-1"  used 80%  balance 200 (200/1000)  period 2026-11-01T00:00:00Z/2026-12-01T00:00:00Z  request "call-1"  delivered 2026-11-25T09:58:03.140Z
 //	18  2026-11-25T10:02:41.001Z  api-calls "customer-1"  exhausted -  balance 0 (0/1000)  period 2026-11-01T00:00:00Z/2026-12-01T00:00:00Z  pending (2 attempts, last error "smtp: timeout")
-func eventLine(e pgratelimit.Event) string {
+func eventLine(e events.Event) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d  %s  %s %q  %s %s  balance %d (%d/%d)  period %s/%s", e.ID, e.At.UTC().Format(eventTime), e.Prefix, e.Key,
 		e.Kind, eventThreshold(e), e.Balance, e.Remaining, e.Capacity,
@@ -315,12 +315,12 @@ func eventLine(e pgratelimit.Event) string {
 
 // eventThreshold is an event's line: "80%" for used, the level for below,
 // "-" for exhausted.
-func eventThreshold(e pgratelimit.Event) string {
+func eventThreshold(e events.Event) string {
 	switch e.Kind {
-	case pgratelimit.EventUsed:
+	case events.Used:
 		// Rounded to a millionth of a percent: 0.57*100 is 56.99999999999999.
 		return strconv.FormatFloat(math.Round(e.Fraction*1e8)/1e6, 'f', -1, 64) + "%"
-	case pgratelimit.EventBelow:
+	case events.Below:
 		return strconv.FormatInt(e.Level, 10)
 	}
 	return "-"

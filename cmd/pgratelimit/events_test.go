@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
 // alerting is a limiter with alerts at 80% of a bucket of 10 used, at a
@@ -113,8 +114,8 @@ func TestEvents(t *testing.T) {
 // deliver delivers every event due with a consumer's RunOnce.
 func deliver(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	c, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{
-		Handler: func(context.Context, pgx.Tx, pgratelimit.Event) error { return nil },
+	c, err := events.NewConsumer(pool, events.ConsumerConfig{
+		Handler: func(context.Context, pgx.Tx, events.Event) error { return nil },
 	})
 	require.NoError(t, err)
 	_, err = c.RunOnce(context.Background())
@@ -180,10 +181,10 @@ func TestEventPrinter(t *testing.T) {
 	var out lockedBuffer
 	f := newFlags(&cli{stdout: &out}, "events")
 	p := &eventPrinter{f: f, seen: map[int64]bool{}, floor: 40}
-	ev := func(ids ...int64) []pgratelimit.Event {
-		var evs []pgratelimit.Event
+	ev := func(ids ...int64) []events.Event {
+		var evs []events.Event
 		for _, id := range ids {
-			evs = append(evs, pgratelimit.Event{ID: id, Kind: pgratelimit.EventExhausted, Prefix: "p", Key: "k"})
+			evs = append(evs, events.Event{ID: id, Kind: events.Exhausted, Prefix: "p", Key: "k"})
 		}
 		return evs
 	}
@@ -209,13 +210,13 @@ func TestEventPrinter(t *testing.T) {
 
 func TestEventLine(t *testing.T) {
 	at := time.Date(2026, 11, 25, 9, 58, 3, 123456000, time.UTC)
-	e := pgratelimit.Event{ID: 17, Kind: pgratelimit.EventUsed, Prefix: "api-calls", Key: "customer 1", Fraction: 0.57,
+	e := events.Event{ID: 17, Kind: events.Used, Prefix: "api-calls", Key: "customer 1", Fraction: 0.57,
 		Balance: 430, Remaining: 430, Capacity: 1000, At: at, RequestID: "call-1",
 		PeriodStart: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), PeriodEnd: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
 	period := "period 2026-11-01T00:00:00Z/2026-12-01T00:00:00Z"
 	require.Equal(t, `17  2026-11-25T09:58:03.123Z  api-calls "customer 1"  used 57%  balance 430 (430/1000)  `+period+`  request "call-1"  pending`, eventLine(e))
-	e.Kind, e.Level, e.Balance, e.RequestID, e.Attempts, e.LastError = pgratelimit.EventBelow, 100, 1100, "", 2, "smtp: timeout"
+	e.Kind, e.Level, e.Balance, e.RequestID, e.Attempts, e.LastError = events.Below, 100, 1100, "", 2, "smtp: timeout"
 	require.Equal(t, `17  2026-11-25T09:58:03.123Z  api-calls "customer 1"  below 100  balance 1100 (430/1000)  `+period+`  pending (2 attempts, last error "smtp: timeout")`, eventLine(e))
-	e.Kind, e.Attempts, e.DeliveredAt = pgratelimit.EventExhausted, 3, at.Add(time.Second).In(time.FixedZone("X", 3600))
+	e.Kind, e.Attempts, e.DeliveredAt = events.Exhausted, 3, at.Add(time.Second).In(time.FixedZone("X", 3600))
 	require.Equal(t, `17  2026-11-25T09:58:03.123Z  api-calls "customer 1"  exhausted -  balance 1100 (430/1000)  `+period+`  delivered 2026-11-25T09:58:04.123Z`, eventLine(e))
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
@@ -150,6 +151,25 @@ func requestError(err error, q *Request, c Charge) error {
 		return fmt.Errorf("%w: request %q on %s of prefix %q", err, q.ID, QuoteKey(c.Row.Key), c.Row.Prefix)
 	}
 	return err
+}
+
+// CheckText reports why s is not a valid key, prefix or ID of at most
+// maxLen bytes, or "": it must be non-empty, valid UTF-8 and hold no NUL.
+func CheckText(s string, maxLen int) string {
+	switch {
+	case s == "":
+		return "must not be empty"
+	case len(s) > maxLen:
+		return fmt.Sprintf("is %d bytes, longer than %d", len(s), maxLen)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return "contains a NUL byte"
+		}
+	}
+	return ""
 }
 
 // QuoteKey shortens and quotes a key for error messages.

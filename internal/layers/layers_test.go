@@ -32,6 +32,11 @@ var allowed = map[string][]string{
 	"internal/lease":      {"internal/engine", "internal/account", "internal/sqlgen"},
 	"internal/alert":      {"internal/engine", "internal/account", "internal/sqlgen"},
 	"internal/middleware": {"pgratelimit", "internal/*", "migrations"},
+	// The API packages: the root orchestrates the internal packages; the
+	// events package (delivery and listing of usage alert events) sits
+	// beside it and uses its errors.
+	"pgratelimit":        {"internal/*"},
+	"pgratelimit/events": {"pgratelimit", "internal/*"},
 }
 
 type listed struct {

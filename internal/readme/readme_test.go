@@ -22,7 +22,7 @@ var (
 	fragments = []string{
 		"pgratelimit/example_test.go",
 		"pgratelimit/readme_example_test.go",
-		"pgratelimit/alert_example_test.go",
+		"pgratelimit/events/example_test.go",
 		"pgratelimit/lease_example_test.go",
 		"pgratelimit/httplimit/readme_example_test.go",
 		"grpclimit/example_test.go",

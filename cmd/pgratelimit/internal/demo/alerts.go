@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
 // creditsAlerts are the credits scenario's usage alerts: half, 80% and all
@@ -35,7 +36,7 @@ type alertJSON struct {
 
 // creditsAlertsOf returns key's latest alerts, newest last.
 func (a *app) creditsAlertsOf(ctx context.Context, key string) ([]alertJSON, error) {
-	evs, err := pgratelimit.ListEvents(ctx, a.pool, pgratelimit.EventFilter{Prefix: creditsPrefix, Key: key, Limit: recentAlerts})
+	evs, err := events.List(ctx, a.pool, events.Filter{Prefix: creditsPrefix, Key: key, Limit: recentAlerts})
 	if err != nil {
 		return nil, err
 	}
@@ -48,14 +49,14 @@ func (a *app) creditsAlertsOf(ctx context.Context, key string) ([]alertJSON, err
 }
 
 // alertText says what an event of the credits limiter means.
-func alertText(e pgratelimit.Event) string {
+func alertText(e events.Event) string {
 	switch e.Kind {
-	case pgratelimit.EventUsed:
+	case events.Used:
 		// Rounded to a millionth of a percent: 0.57*100 is 56.99999999999999.
 		return strconv.FormatFloat(math.Round(e.Fraction*1e8)/1e6, 'f', -1, 64) + "% of the monthly quota used"
-	case pgratelimit.EventBelow:
+	case events.Below:
 		return fmt.Sprintf("balance at or below %d (quota and grants)", e.Level)
-	case pgratelimit.EventExhausted:
+	case events.Exhausted:
 		return "a charge denied: the quota and grants could not cover it"
 	}
 	return string(e.Kind)
@@ -67,11 +68,11 @@ func alertText(e pgratelimit.Event) string {
 // the demo's prefix: the database may be an app's own, with consumers of
 // its own.
 func (a *app) startConsumer(ctx context.Context) (stop func(), err error) {
-	c, err := pgratelimit.NewConsumer(a.pool, pgratelimit.ConsumerConfig{
+	c, err := events.NewConsumer(a.pool, events.ConsumerConfig{
 		Prefixes:      []string{creditsPrefix},
 		Logger:        a.log,
 		MeterProvider: a.mp,
-		Handler: func(ctx context.Context, _ pgx.Tx, e pgratelimit.Event) error {
+		Handler: func(ctx context.Context, _ pgx.Tx, e events.Event) error {
 			a.log.InfoContext(ctx, "usage alert delivered", "id", e.ID, "key", e.Key, "alert", alertText(e), "balance", e.Balance)
 			return nil
 		},

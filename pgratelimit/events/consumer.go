@@ -1,6 +1,7 @@
-package pgratelimit
+package events
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -18,10 +19,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
-// EventHandler delivers one event. It runs inside the consumer's
+// Handler delivers one event. It runs inside the consumer's
 // transaction, which holds the event's row locked and marks it delivered
 // when the handler returns nil: tx is a savepoint of it, so what the
 // handler writes with tx (a row of its own, a River job with InsertTx)
@@ -29,12 +33,12 @@ import (
 // when the handler returns an error. Work outside the database (an email,
 // a webhook) may be done twice if the consumer dies before it commits: use
 // Event.ID to do it once.
-type EventHandler func(ctx context.Context, tx pgx.Tx, e Event) error
+type Handler func(ctx context.Context, tx pgx.Tx, e Event) error
 
 // ConsumerConfig configures a Consumer. Handler is required.
 type ConsumerConfig struct {
 	// Handler delivers each event. Required.
-	Handler EventHandler
+	Handler Handler
 
 	// Prefixes, when set, limits the consumer to the events of these
 	// limiter prefixes. Defaults to nil: every event.
@@ -58,7 +62,7 @@ type ConsumerConfig struct {
 
 	// MaxAttempts is how many times an event is tried before the consumer
 	// gives up on it: it stays undelivered, with its last error, for
-	// ListEvents or SQL to show (and cleanup never deletes it). Defaults
+	// List or SQL to show (and cleanup never deletes it). Defaults
 	// to 25.
 	MaxAttempts int
 
@@ -87,7 +91,7 @@ type ConsumerConfig struct {
 	MeterProvider metric.MeterProvider
 }
 
-// Consumer delivers the events of pgratelimit_events (see Alerts) to a
+// Consumer delivers the events of pgratelimit_events (see pgratelimit.Alerts) to a
 // handler: it claims undelivered events that are due with SELECT ... FOR
 // UPDATE SKIP LOCKED in a transaction, calls the handler for each, marks it
 // delivered (or counts a failed attempt, records its error and makes it due
@@ -98,27 +102,27 @@ type ConsumerConfig struct {
 // another. A Consumer is woken by LISTEN/NOTIFY on a connection of its own
 // and polls as a fallback. Safe for concurrent use.
 type Consumer struct {
-	pool     *pgxpool.Pool
-	cfg      ConsumerConfig
-	prefixes any // the Prefixes as an array parameter; nil: every event
-	listen   *pgx.ConnConfig
-	log      *slog.Logger
-	metrics  *eventInstruments
+	pool      *pgxpool.Pool
+	cfg       ConsumerConfig
+	prefixes  any // the Prefixes as an array parameter; nil: every event
+	listen    *pgx.ConnConfig
+	log       *slog.Logger
+	delivered metric.Int64Counter // pgratelimit.events.delivered
 }
 
 // NewConsumer validates cfg and returns a Consumer of the events of pool's
 // database. It does not start it: call Run.
 func NewConsumer(pool *pgxpool.Pool, cfg ConsumerConfig) (*Consumer, error) {
 	bad := func(field, format string, args ...any) error {
-		return configError(field, format, args...)
+		return &pgratelimit.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
 	case pool == nil:
-		return nil, configError("pool", "is nil")
+		return nil, bad("pool", "is nil")
 	case cfg.Handler == nil:
 		return nil, bad("ConsumerConfig.Handler", "is required")
-	case cfg.BatchSize < 0 || cfg.BatchSize > maxEventLimit:
-		return nil, bad("ConsumerConfig.BatchSize", "must be in [0, %d], got %d", maxEventLimit, cfg.BatchSize)
+	case cfg.BatchSize < 0 || cfg.BatchSize > maxLimit:
+		return nil, bad("ConsumerConfig.BatchSize", "must be in [0, %d], got %d", maxLimit, cfg.BatchSize)
 	case cfg.PollInterval < 0:
 		return nil, bad("ConsumerConfig.PollInterval", "must be >= 0, got %s", cfg.PollInterval)
 	case cfg.HandlerTimeout < 0:
@@ -127,13 +131,13 @@ func NewConsumer(pool *pgxpool.Pool, cfg ConsumerConfig) (*Consumer, error) {
 		return nil, bad("ConsumerConfig.MaxAttempts", "must be >= 0, got %d", cfg.MaxAttempts)
 	}
 	for _, p := range cfg.Prefixes {
-		if why := checkText(p, MaxPrefixLen); why != "" {
+		if why := engine.CheckText(p, pgratelimit.MaxPrefixLen); why != "" {
 			return nil, bad("ConsumerConfig.Prefixes", "a prefix %s", why)
 		}
 	}
-	c := &Consumer{pool: pool, cfg: cfg, listen: cfg.ListenConfig, log: cfg.Logger, metrics: newEventInstruments(cfg.MeterProvider)}
-	c.cfg.BatchSize = orDefault(cfg.BatchSize, 20)
-	c.cfg.MaxAttempts = orDefault(cfg.MaxAttempts, 25)
+	c := &Consumer{pool: pool, cfg: cfg, listen: cfg.ListenConfig, log: cfg.Logger, delivered: deliveredCounter(cfg.MeterProvider)}
+	c.cfg.BatchSize = cmp.Or(cfg.BatchSize, 20)
+	c.cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, 25)
 	if c.cfg.PollInterval == 0 {
 		c.cfg.PollInterval = time.Second
 	}
@@ -271,7 +275,8 @@ func (c *Consumer) batch(ctx context.Context) (batchRun, error) {
 		return batchRun{retry: math.MaxInt64}, engine.DBError("commit delivered events", err)
 	}
 	for _, e := range done {
-		c.metrics.delivered(ctx, e)
+		c.delivered.Add(ctx, 1, metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("pgratelimit.prefix", e.Prefix), attribute.String("pgratelimit.event.kind", string(e.Kind)))))
 	}
 	run.delivered, run.full = len(done), len(evs) == c.cfg.BatchSize
 	return run, nil
@@ -321,7 +326,7 @@ func (c *Consumer) call(ctx context.Context, tx pgx.Tx, e Event) (err error) {
 }
 
 // errHandlerPanic is the error of a handler that panicked.
-var errHandlerPanic = errors.New("pgratelimit: event handler panicked")
+var errHandlerPanic = errors.New("events: handler panicked")
 
 // errorText is err's message as a text column takes it: valid UTF-8, no
 // NUL, at most 2000 bytes.
@@ -414,4 +419,16 @@ func notify(wake chan<- struct{}) {
 	case wake <- struct{}{}:
 	default:
 	}
+}
+
+// deliveredCounter is the pgratelimit.events.delivered counter of mp
+// (otel's global provider when nil), by limiter prefix and kind (few of
+// each: never a key). A refused instrument is a working no-op.
+func deliveredCounter(mp metric.MeterProvider) metric.Int64Counter {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	c, _ := mp.Meter("github.com/pgratelimit/pgratelimit").Int64Counter("pgratelimit.events.delivered", metric.WithUnit("{event}"),
+		metric.WithDescription("Usage alert events a Consumer's handler accepted and marked delivered (committed), by limiter prefix and kind."))
+	return c
 }

@@ -1,4 +1,4 @@
-package pgratelimit_test
+package events_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
 // Usage alerts: tell a customer at 80% and 100% of their monthly quota,
@@ -54,8 +55,8 @@ func ExampleNewConsumer() {
 		log.Fatal(err)
 	}
 
-	consumer, err := pgratelimit.NewConsumer(pool, pgratelimit.ConsumerConfig{
-		Handler: func(ctx context.Context, tx pgx.Tx, e pgratelimit.Event) error {
+	consumer, err := events.NewConsumer(pool, events.ConsumerConfig{
+		Handler: func(ctx context.Context, tx pgx.Tx, e events.Event) error {
 			// In the consumer's transaction: this row commits exactly when
 			// the event is marked delivered (e.ID is stable, for work done
 			// outside the database).
@@ -89,11 +90,11 @@ func ExampleNewConsumer() {
 	fmt.Println(customer, kind, balance)
 
 	// The events, newest last (the CLI: pgratelimit events --follow).
-	events, err := pgratelimit.ListEvents(ctx, pool, pgratelimit.EventFilter{Prefix: "quota", Limit: 20})
+	list, err := events.List(ctx, pool, events.Filter{Prefix: "quota", Limit: 20})
 	if err != nil {
 		log.Fatal(err)
 	}
-	for _, e := range events {
+	for _, e := range list {
 		fmt.Println(e.Key, e.Kind, e.Fraction, e.Balance, !e.DeliveredAt.IsZero())
 	}
 	// Output:

@@ -1,7 +1,13 @@
-package pgratelimit
+// Package events delivers and lists the usage alert events that limiters
+// with pgratelimit.Config.Alerts write: a row of pgratelimit_events in the
+// transaction of the charge that crossed a line. A Consumer in every app
+// instance hands each event to a Handler in a transaction of its own, at
+// least once; List reads them.
+package events
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -10,41 +16,42 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-// EventKind is what an Event says happened.
-type EventKind string
+// Kind is what an Event says happened.
+type Kind string
 
-// The kinds of events, one per kind of line (see Alerts).
+// The kinds of events, one per kind of line (see pgratelimit.Alerts).
 const (
-	// EventUsed: a charge took the bucket's use to Event.Fraction of its
-	// Capacity or past it (Alerts.UsedFractions).
-	EventUsed EventKind = "used"
-	// EventBelow: a charge took the balance to Event.Level or below it
-	// (Alerts.BalanceAtOrBelow).
-	EventBelow EventKind = "below"
-	// EventExhausted: a charge was denied because the balance did not
-	// cover it (Alerts.Exhausted).
-	EventExhausted EventKind = "exhausted"
+	// Used: a charge took the bucket's use to Event.Fraction of its
+	// Capacity or past it (pgratelimit.Alerts.UsedFractions).
+	Used Kind = "used"
+	// Below: a charge took the balance to Event.Level or below it
+	// (pgratelimit.Alerts.BalanceAtOrBelow).
+	Below Kind = "below"
+	// Exhausted: a charge was denied because the balance did not
+	// cover it (pgratelimit.Alerts.Exhausted).
+	Exhausted Kind = "exhausted"
 )
 
 // Event is a usage alert: a row of pgratelimit_events, written in the
-// transaction of the charge that crossed its line (see Alerts). ID is
+// transaction of the charge that crossed its line (see pgratelimit.Alerts). ID is
 // stable: a handler that may see an event twice (delivery is at least
 // once) can use it to do its work once.
 type Event struct {
 	// ID is the event's, from the table's identity: increasing in the
 	// order events are written, not quite in the order they commit.
 	ID     int64
-	Kind   EventKind
+	Kind   Kind
 	Prefix string
 	Key    string
-	// Fraction is the line of an EventUsed (0.8), and Level that of an
-	// EventBelow (100).
+	// Fraction is the line of an Used (0.8), and Level that of an
+	// Below (100).
 	Fraction float64
 	Level    int64
 	// Balance is the key's balance (bucket tokens plus live grants) after
-	// the charge, or at the denial of an EventExhausted; Remaining the
+	// the charge, or at the denial of an Exhausted; Remaining the
 	// bucket's part of it; Capacity the charging limiter's.
 	Balance   int64
 	Remaining int64
@@ -52,12 +59,12 @@ type Event struct {
 	// PeriodStart and PeriodEnd bound the period the line fired in (see
 	// Alerts): it fires again at the first crossing after PeriodEnd.
 	PeriodStart, PeriodEnd time.Time
-	// At is the check's clock (the database's, or Config.Clock).
+	// At is the check's clock (the database's, or pgratelimit.Config.Clock).
 	At time.Time
-	// RequestID is the charge's (WithRequestID), or "".
+	// RequestID is the charge's (pgratelimit.WithRequestID), or "".
 	RequestID string
 	// Attempts is how many deliveries have been tried: for a handler, the
-	// failed ones before this one; in ListEvents, every one (the one that
+	// failed ones before this one; in List, every one (the one that
 	// delivered it too). LastError is the last failed one's error.
 	Attempts  int
 	LastError string
@@ -66,8 +73,8 @@ type Event struct {
 	DeliveredAt time.Time
 }
 
-// EventFilter selects events for ListEvents.
-type EventFilter struct {
+// Filter selects events for List.
+type Filter struct {
 	// Prefix and Key, when set, select the events of that limiter prefix
 	// and key. Defaults to "": any.
 	Prefix, Key string
@@ -82,10 +89,10 @@ type EventFilter struct {
 	Limit int
 }
 
-// maxEventLimit bounds EventFilter.Limit.
-const maxEventLimit = 10000
+// maxLimit bounds Filter.Limit.
+const maxLimit = 10000
 
-// ListEvents returns the events f selects, oldest first (newest last): the
+// List returns the events f selects, oldest first (newest last): the
 // Limit newest, or with f.AfterID the Limit oldest after it. It reads
 // pgratelimit_events, delivered or not, and changes nothing.
 //
@@ -93,20 +100,18 @@ const maxEventLimit = 10000
 // after a later one: to follow the table without missing one, pass an
 // AfterID somewhat behind the last ID seen (the events of the last few
 // seconds) and skip the IDs already seen.
-func ListEvents(ctx context.Context, pool *pgxpool.Pool, f EventFilter) ([]Event, error) {
+func List(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]Event, error) {
 	switch {
 	case pool == nil:
-		return nil, configError("pool", "is nil")
-	case f.Limit < 0 || f.Limit > maxEventLimit:
-		return nil, badArg(ErrInvalidArgument, "EventFilter.Limit must be in [0, %d], got %d", maxEventLimit, f.Limit)
+		return nil, &pgratelimit.ConfigError{Field: "pool", Reason: "is nil"}
+	case f.Limit < 0 || f.Limit > maxLimit:
+		return nil, fmt.Errorf("%w: Filter.Limit must be in [0, %d], got %d", pgratelimit.ErrInvalidArgument, maxLimit, f.Limit)
 	}
-	if why := checkText(f.Prefix, MaxPrefixLen); f.Prefix != "" && why != "" {
-		return nil, badArg(ErrInvalidArgument, "EventFilter.Prefix %s", why)
+	if why := engine.CheckText(f.Prefix, pgratelimit.MaxPrefixLen); f.Prefix != "" && why != "" {
+		return nil, fmt.Errorf("%w: Filter.Prefix %s", pgratelimit.ErrInvalidArgument, why)
 	}
-	if f.Key != "" {
-		if err := validateKey(f.Key); err != nil {
-			return nil, err
-		}
+	if why := engine.CheckText(f.Key, pgratelimit.MaxKeyLen); f.Key != "" && why != "" {
+		return nil, keyError("Filter.Key " + why)
 	}
 	limit, since := f.Limit, "-infinity"
 	if limit == 0 {
@@ -148,11 +153,11 @@ func scanEvents(rows pgx.Rows) ([]Event, error) {
 			&e.PeriodStart, &e.PeriodEnd, &e.At, &e.RequestID, &e.Attempts, &e.LastError, &delivered); err != nil {
 			return nil, err
 		}
-		e.Kind = EventKind(kind)
+		e.Kind = Kind(kind)
 		switch e.Kind {
-		case EventUsed:
+		case Used:
 			e.Fraction, _ = strconv.ParseFloat(thr, 64) // numeric text of a float64's shortest form
-		case EventBelow:
+		case Below:
 			e.Level, _ = strconv.ParseInt(thr, 10, 64)
 		}
 		if delivered != nil {
@@ -161,4 +166,14 @@ func scanEvents(rows pgx.Rows) ([]Event, error) {
 		evs = append(evs, e)
 	}
 	return evs, rows.Err()
+}
+
+// keyError is the error of a bad key: pgratelimit.ErrInvalidKey, which
+// matches pgratelimit.ErrInvalidArgument too, as the limiters' are.
+type keyError string
+
+func (e keyError) Error() string { return pgratelimit.ErrInvalidKey.Error() + ": " + string(e) }
+
+func (e keyError) Is(target error) bool {
+	return target == pgratelimit.ErrInvalidKey || target == pgratelimit.ErrInvalidArgument
 }
