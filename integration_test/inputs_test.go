@@ -26,7 +26,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"empty prefix", func(c *pgratelimit.Config) { c.Prefix = "" }, "Prefix"},
 		{"NUL prefix", func(c *pgratelimit.Config) { c.Prefix = "a\x00b" }, "Prefix"},
 		{"bad UTF-8 prefix", func(c *pgratelimit.Config) { c.Prefix = "\xff" }, "Prefix"},
-		{"long prefix", func(c *pgratelimit.Config) { c.Prefix = strings.Repeat("p", pgratelimit.MaxPrefixLen+1) }, "Prefix"},
+		{"long prefix", func(c *pgratelimit.Config) { c.Prefix = strings.Repeat("p", 257) }, "Prefix"},
 		{"zero capacity", func(c *pgratelimit.Config) { c.Capacity = 0 }, "Capacity"},
 		{"negative capacity", func(c *pgratelimit.Config) { c.Capacity = -1 }, "Capacity"},
 		{"zero refill", func(c *pgratelimit.Config) { c.Refill = 0 }, "Refill"},

@@ -514,9 +514,9 @@ func TestLeaseInputs(t *testing.T) {
 	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
 	_, err = s.Acquire(pgratelimit.WithRequestID(ctx, ""), "k", 1)
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidRequestID)
-	require.ErrorIs(t, s.Release(ctx, "k", ""), pgratelimit.ErrInvalidLeaseID)
+	require.ErrorIs(t, s.Release(ctx, "k", ""), pgratelimit.ErrInvalidRequestID)
 	_, err = s.Extend(ctx, "k", "a\x00b")
-	require.ErrorIs(t, err, pgratelimit.ErrInvalidLeaseID)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidRequestID)
 	_, err = s.Leases(ctx, "k\x00")
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
 }

@@ -104,7 +104,7 @@ func TestErrorFamilies(t *testing.T) {
 			t.Errorf("%v: Field %q, Reason %q, want field %s", c.err, ce.Field, ce.Reason, c.field)
 		}
 	}
-	for _, kind := range []error{ErrInvalidKey, ErrInvalidCost, ErrCostExceedsCapacity, ErrInvalidRequestID, ErrInvalidLeaseID, ErrInvalidArgument} {
+	for _, kind := range []error{ErrInvalidKey, ErrInvalidCost, ErrCostExceedsCapacity, ErrInvalidRequestID, ErrInvalidRequestID, ErrInvalidArgument} {
 		err := badArg(kind, "detail %d", 7)
 		if !errors.Is(err, kind) || !errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%v: want %v and ErrInvalidArgument only", err, kind)

@@ -15,8 +15,8 @@ import (
 // Three families: a configuration out of range (ErrInvalidConfig, a
 // *ConfigError naming the field, returned by the constructors), a bad
 // argument of one call (ErrInvalidArgument, and the more precise
-// ErrInvalidKey, ErrInvalidCost, ErrCostExceedsCapacity, ErrInvalidRequestID
-// and ErrInvalidLeaseID, each of which also matches ErrInvalidArgument),
+// ErrInvalidKey, ErrInvalidCost, ErrCostExceedsCapacity and
+// ErrInvalidRequestID, each of which also matches ErrInvalidArgument),
 // refused before any database access; and what the database said
 // (ErrLockTimeout, ErrNotMigrated, the ledger's and leases' answers).
 var (
@@ -55,15 +55,11 @@ var (
 	// ErrInvalidArgument too.
 	ErrCostExceedsCapacity = errors.New("pgratelimit: cost exceeds capacity")
 
-	// ErrInvalidRequestID is returned for a request ID that is empty, longer
-	// than MaxRequestIDLen bytes, not valid UTF-8, or holds a NUL byte. It
-	// matches ErrInvalidArgument too.
+	// ErrInvalidRequestID is returned for a request ID (WithRequestID), or a
+	// lease ID (Release, Extend: a lease's ID is its acquisition's request
+	// ID), that is empty, longer than 256 bytes, not valid UTF-8, or holds a
+	// NUL byte. It matches ErrInvalidArgument too.
 	ErrInvalidRequestID = errors.New("pgratelimit: invalid request ID")
-
-	// ErrInvalidLeaseID is returned for a lease ID that is empty, longer
-	// than MaxRequestIDLen bytes, not valid UTF-8, or holds a NUL byte. It
-	// matches ErrInvalidArgument too.
-	ErrInvalidLeaseID = errors.New("pgratelimit: invalid lease ID")
 
 	// ErrLockTimeout is returned when a check waited longer than
 	// Config.LockTimeout for its bucket's row lock. Nothing was spent: the
@@ -155,11 +151,14 @@ func badArg(kind error, format string, args ...any) error {
 	return &argError{kind: kind, msg: fmt.Sprintf(format, args...)}
 }
 
-// MaxKeyLen is the longest key, and MaxPrefixLen the longest Config.Prefix, in
-// bytes.
+// MaxKeyLen is the longest key, in bytes. A prefix (Config.Prefix,
+// SemaphoreConfig.Prefix) has at most 256, a request or lease ID at most 256.
+const MaxKeyLen = 1024
+
+// The longest prefix and request ID, in bytes.
 const (
-	MaxKeyLen    = 1024
-	MaxPrefixLen = 256
+	maxPrefixLen    = engine.MaxPrefixLen
+	maxRequestIDLen = engine.MaxRequestIDLen
 )
 
 // checkText reports why s is not a valid key or prefix, or "".

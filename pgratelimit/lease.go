@@ -30,7 +30,7 @@ type SemaphoreConfig struct {
 	// whose row holds a limiter's bucket is ErrInvalidConfig; a limiter's
 	// check on a key with leases would move the row's expiry, so that
 	// cleanup could delete the leases with it.
-	// Required: non-empty, valid UTF-8, no NUL, at most MaxPrefixLen
+	// Required: non-empty, valid UTF-8, no NUL, at most 256
 	// bytes.
 	Prefix string
 
@@ -81,7 +81,7 @@ func (c SemaphoreConfig) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return configError("SemaphoreConfig."+field, format, args...)
 	}
-	switch why := checkText(c.Prefix, MaxPrefixLen); {
+	switch why := checkText(c.Prefix, maxPrefixLen); {
 	case why != "":
 		return bad("Prefix", "%s", why)
 	case c.Max <= 0:
@@ -286,8 +286,8 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	if err := validateKey(key); err != nil {
 		return lease.Outcome{}, err
 	}
-	if why := checkText(id, MaxRequestIDLen); why != "" {
-		return lease.Outcome{}, badArg(ErrInvalidLeaseID, "%s", why)
+	if why := checkText(id, maxRequestIDLen); why != "" {
+		return lease.Outcome{}, badArg(ErrInvalidRequestID, "%s", why)
 	}
 	call := &lease.Call{ID: id}
 	q := s.request(ctx, call, kind, key, 1)

@@ -3,7 +3,6 @@ package pgratelimit
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -53,7 +52,7 @@ type Config struct {
 	// plan a limiter on one prefix; a bigger plan refills to its capacity, a
 	// smaller one clamps). Limits that must not share buckets need prefixes
 	// of their own. Required: non-empty, valid UTF-8, no NUL, at most
-	// MaxPrefixLen bytes.
+	// 256 bytes.
 	Prefix string
 
 	// Capacity is the most tokens a bucket holds: the burst. A new key starts
@@ -183,9 +182,6 @@ type Config struct {
 	// to none.
 	Alerts Alerts
 
-	// Logger receives the limiter's diagnostics. Defaults to nil: discard.
-	Logger *slog.Logger
-
 	// MeterProvider receives the limiter's OpenTelemetry metrics (see
 	// README, Metrics): pgratelimit.checks, pgratelimit.check.duration and
 	// pgratelimit.batch.size. Defaults to otel.GetMeterProvider(), which
@@ -197,7 +193,7 @@ func (c Config) validate() error {
 	bad := func(field, format string, args ...any) error {
 		return configError("Config."+field, format, args...)
 	}
-	if why := checkText(c.Prefix, MaxPrefixLen); why != "" {
+	if why := checkText(c.Prefix, maxPrefixLen); why != "" {
 		return bad("Prefix", "%s", why)
 	}
 	if c.Capacity <= 0 {
@@ -293,7 +289,6 @@ type Limiter struct {
 	clock   *engine.Clock // nil: the database's
 	tx      *Tx           // the caller's transaction (In); nil: the limiter's own
 	deny    *denyCache    // nil: off (Config.DenyCacheSize)
-	log     *slog.Logger
 	metrics *instruments
 	alerts  *alert.Observer // nil: no Config.Alerts
 }
@@ -318,15 +313,10 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	l := &Limiter{
 		client:  c,
 		cfg:     cfg,
 		p:       cfg.policy(),
-		log:     log,
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 		alerts:  newAlertObserver(cfg),
 	}

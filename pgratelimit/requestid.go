@@ -21,9 +21,6 @@ import (
 // row lock, so two requests with one ID cannot both apply: the second waits
 // for the first, then reads its row.
 
-// MaxRequestIDLen is the longest request ID, in bytes.
-const MaxRequestIDLen = 256
-
 type requestIDKey struct{}
 
 // WithRequestID returns a copy of ctx whose operations carry the request ID
@@ -54,7 +51,7 @@ func requestID(ctx context.Context) (string, error) {
 }
 
 func checkRequestID(id string) (string, error) {
-	if why := checkText(id, MaxRequestIDLen); why != "" {
+	if why := checkText(id, maxRequestIDLen); why != "" {
 		return "", badArg(ErrInvalidRequestID, "%s", why)
 	}
 	return id, nil

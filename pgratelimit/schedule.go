@@ -97,13 +97,6 @@ func (c Calendar) validate() error {
 	return errors.New("Calendar.Every must be Day, Week or Month")
 }
 
-// Next returns the first boundary of c after t: when the period that holds t
-// ends. c must be valid (as Config accepts it).
-func (c Calendar) Next(t time.Time) time.Time {
-	s := c.at(time.Time{})
-	return s.Add(s.Floor(t), 1)
-}
-
 // at is c's schedule for a key whose own anchor is anchor: anchor replaces
 // c.Anchor when it is not the zero time, and is read in c.Location like it.
 // c must be valid.

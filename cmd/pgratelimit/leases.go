@@ -119,14 +119,12 @@ func checkTTL(f *flags, ttl time.Duration, what string) error {
 }
 
 // checkID checks a lease ID (or a request ID, which names its lease)
-// before any database access, as the library would after: not empty, at
-// most MaxRequestIDLen bytes, valid UTF-8 (argv holds no NUL).
+// before any database access: not empty, valid UTF-8 (argv holds no NUL);
+// the library says when it is too long (ErrInvalidRequestID).
 func checkID(what, id string) error {
 	switch {
 	case id == "":
 		return usagef("%s must not be empty", what)
-	case len(id) > pgratelimit.MaxRequestIDLen:
-		return usagef("%s is %d bytes, more than the %d an ID may have", what, len(id), pgratelimit.MaxRequestIDLen)
 	case !utf8.ValidString(id):
 		return usagef("%s is not valid UTF-8", what)
 	}

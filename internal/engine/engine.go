@@ -62,6 +62,13 @@ func (s Storage) Statements() *sqlgen.Statements {
 	return &sqlgen.Durable
 }
 
+// MaxPrefixLen is the longest prefix, and MaxRequestIDLen the longest
+// request or lease ID, in bytes.
+const (
+	MaxPrefixLen    = 256
+	MaxRequestIDLen = 256
+)
+
 // Row identifies a bucket: its table and primary key.
 type Row struct {
 	Storage     Storage

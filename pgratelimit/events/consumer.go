@@ -131,7 +131,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg ConsumerConfig) (*Consumer, error) {
 		return nil, bad("ConsumerConfig.MaxAttempts", "must be >= 0, got %d", cfg.MaxAttempts)
 	}
 	for _, p := range cfg.Prefixes {
-		if why := engine.CheckText(p, pgratelimit.MaxPrefixLen); why != "" {
+		if why := engine.CheckText(p, engine.MaxPrefixLen); why != "" {
 			return nil, bad("ConsumerConfig.Prefixes", "a prefix %s", why)
 		}
 	}

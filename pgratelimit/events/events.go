@@ -107,7 +107,7 @@ func List(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]Event, error) {
 	case f.Limit < 0 || f.Limit > maxLimit:
 		return nil, fmt.Errorf("%w: Filter.Limit must be in [0, %d], got %d", pgratelimit.ErrInvalidArgument, maxLimit, f.Limit)
 	}
-	if why := engine.CheckText(f.Prefix, pgratelimit.MaxPrefixLen); f.Prefix != "" && why != "" {
+	if why := engine.CheckText(f.Prefix, engine.MaxPrefixLen); f.Prefix != "" && why != "" {
 		return nil, fmt.Errorf("%w: Filter.Prefix %s", pgratelimit.ErrInvalidArgument, why)
 	}
 	if why := engine.CheckText(f.Key, pgratelimit.MaxKeyLen); f.Key != "" && why != "" {
