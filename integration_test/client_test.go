@@ -18,7 +18,6 @@ func TestNewClient(t *testing.T) {
 	ctx := context.Background()
 	pool := newPool(t)
 	c := newClient(t, pool, pgratelimit.ClientConfig{})
-	require.NoError(t, c.Detect(ctx))
 
 	down := unreachablePool(t)
 	_, err := pgratelimit.NewClient(ctx, down, pgratelimit.ClientConfig{})

@@ -458,7 +458,7 @@ func (w *walker) audit() {
 				continue
 			}
 			require.NoError(t, err)
-			want := pgratelimit.RequestRecord{ID: id, Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOfOutcome(rec.Outcome),
+			want := pgratelimit.RequestRecord{Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOfOutcome(rec.Outcome),
 				Grant:   utcGrant(pgratelimit.Grant{ID: rec.Grant.ID, Amount: rec.Grant.Amount, ExpiresAt: rec.Grant.ExpiresAt, GrantedAt: rec.Grant.GrantedAt}),
 				Settled: rec.Settled, Actual: rec.Actual, At: rec.CreatedAt.UTC(), ExpiresAt: rec.ExpiresAt.UTC()}
 			if rec.Settled {

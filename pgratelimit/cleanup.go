@@ -19,10 +19,6 @@ type CleanupStats struct {
 	// walks: buckets, grants, request IDs, leases, alert state, and the
 	// ledger rows and delivered events past their retention.
 	Deleted int64
-	// Batches is the number of delete transactions run.
-	Batches int
-	// Duration is how long the run took.
-	Duration time.Duration
 	// Skipped says that another instance was cleaning, so this run did
 	// nothing.
 	Skipped bool
@@ -63,12 +59,6 @@ type CleanerConfig struct {
 	// Logger receives a line per run (rows deleted, batches, duration) at
 	// Info, or Warn for a failed run. Defaults to nil: discard.
 	Logger *slog.Logger
-
-	// OnRun, when set, is called after every run of Run with what RunOnce
-	// returned, including a run cut short by Run's context (its error is
-	// then the context's). It runs on the Cleaner's goroutine: keep it
-	// quick. Defaults to nil.
-	OnRun func(CleanupStats, error)
 }
 
 // Cleaner deletes the rows of both bucket tables (durable and ephemeral)
@@ -139,10 +129,7 @@ func (c *Cleaner) Run(ctx context.Context) error {
 			return nil
 		case <-timer.C:
 		}
-		st, err := c.RunOnce(ctx)
-		if c.cfg.OnRun != nil {
-			c.cfg.OnRun(st, err) // also for a run cut short: its deletions happened
-		}
+		_, _ = c.RunOnce(ctx) // logged
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -151,8 +138,8 @@ func (c *Cleaner) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce runs one cleanup now, as Run does at each interval, logs it and
-// returns what it did, also when it stops on an error (the rows deleted
+// RunOnce runs one cleanup now, as Run does at each interval, logs it (rows
+// deleted, batches, duration: Info; a failure: Warn) and returns what it did, also when it stops on an error (the rows deleted
 // before it stay deleted). When another instance holds the cleanup lock it
 // deletes nothing and reports Skipped.
 func (c *Cleaner) RunOnce(ctx context.Context) (CleanupStats, error) {
@@ -160,8 +147,8 @@ func (c *Cleaner) RunOnce(ctx context.Context) (CleanupStats, error) {
 	run, err := cleanup.Run(ctx, c.pool, cleanup.Options{BatchSize: c.cfg.BatchSize, Clock: c.cfg.Clock,
 		StatementTimeout: c.cfg.StatementTimeout, LedgerRetention: c.cfg.LedgerRetention, EventRetention: c.cfg.EventRetention, Exclusive: true,
 		Deleted: func(ctx context.Context, n int64) { c.counter.Add(ctx, n) }})
-	st := CleanupStats{Deleted: run.Deleted, Batches: run.Batches, Skipped: run.Skipped, Duration: time.Since(start)}
-	attrs := []any{"deleted", st.Deleted, "batches", st.Batches, "duration", st.Duration}
+	st := CleanupStats{Deleted: run.Deleted, Skipped: run.Skipped}
+	attrs := []any{"deleted", st.Deleted, "batches", run.Batches, "duration", time.Since(start)}
 	switch {
 	case err != nil && !errors.Is(err, context.Canceled):
 		c.log.WarnContext(ctx, "pgratelimit: cleanup failed; retrying next interval", append(attrs, "error", err)...)

@@ -70,8 +70,11 @@ const defaultCoalesceConns = 2
 
 // NewClient returns a Client for the bucket tables in pool's database. It
 // asks the database whether they are Citus distributed tables, and returns
-// that query's error if it fails. A missing schema is not an error here:
-// checks report it as ErrNotMigrated.
+// that query's error if it fails: checks go to the nodes that hold their
+// rows on Citus (see ClientConfig.DisableRouting). Tables distributed later
+// (migrations.Distribute under a running application) work through the
+// coordinator until the application makes a new Client (or restarts). A
+// missing schema is not an error here: checks report it as ErrNotMigrated.
 func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Client, error) {
 	if pool == nil {
 		return nil, configError("pool", "is nil")
@@ -81,9 +84,11 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
-	if err := c.Detect(ctx); err != nil {
+	d, err := citus.Detect(ctx, c.pool)
+	if err != nil {
 		return nil, err
 	}
+	c.setDialect(ctx, d)
 	return c, nil
 }
 
@@ -107,21 +112,6 @@ func orDefault(v, def int) int {
 // database.
 func (c *Client) NewLimiter(cfg Config) (*Limiter, error) {
 	return newLimiter(c, cfg)
-}
-
-// Detect asks the database again whether the bucket tables are Citus
-// distributed tables, and speaks plain PostgreSQL or Citus accordingly from
-// then on: call it after distributing them (migrations.Distribute) under a
-// running application. On an error c keeps the dialect it had.
-func (c *Client) Detect(ctx context.Context) error {
-	c.detecting.Lock()
-	defer c.detecting.Unlock()
-	d, err := citus.Detect(ctx, c.pool)
-	if err != nil {
-		return err
-	}
-	c.setDialect(ctx, d)
-	return nil
 }
 
 // setDialect makes c speak d from now on; on Citus it starts routing (its

@@ -60,8 +60,6 @@ func checkRequestID(id string) (string, error) {
 // RequestRecord is what the database remembers of a request ID on a key
 // (WithRequestID): the operation it named and the outcome it got.
 type RequestRecord struct {
-	// ID is the request ID.
-	ID string
 	// Kind is what it did: "charge" (AllowN, AllowAll, Wait), "debit",
 	// "refund" or "grant".
 	Kind string
@@ -105,7 +103,7 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 	if !found || !rec.Live(now) {
 		return RequestRecord{}, fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, requestID, quoteKey(key), l.cfg.Prefix)
 	}
-	return RequestRecord{ID: requestID, Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOf(rec.Outcome),
+	return RequestRecord{Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOf(rec.Outcome),
 		Grant: grantOf(rec.Grant), Settled: rec.Settled, Actual: rec.Actual, Settlement: resultOf(rec.Settlement),
 		At: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}, nil
 }
