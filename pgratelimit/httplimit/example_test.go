@@ -15,7 +15,7 @@ import (
 
 // Two policies per API key, per second and per day, enforced together, and
 // the limits picked per request from the customer's plan.
-func ExampleMiddlewareAll() {
+func ExampleConfig_limiters() {
 	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
@@ -33,12 +33,15 @@ func ExampleMiddlewareAll() {
 	}
 	planOf := func(apiKeyHash string) string { return "free" } // your lookup
 
-	mw := httplimit.MiddlewareAll(plans["free"], httplimit.Options{
+	mw, err := httplimit.Middleware(httplimit.Config{
 		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
 		Limiters: func(r *http.Request, key string) ([]*pgratelimit.Limiter, error) {
 			return plans[planOf(key)], nil
 		},
 	})
+	if err != nil {
+		log.Fatal(err)
+	}
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mw(api)))
 }
@@ -47,7 +50,7 @@ func ExampleMiddlewareAll() {
 // its would-be denials are logged and counted (pgratelimit.checks with
 // pgratelimit.shadow=true) and nothing is denied. Each check is bounded: a
 // database that stops answering costs a request at most 500ms, then 503.
-func ExampleOptions_shadow() {
+func ExampleConfig_shadow() {
 	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
@@ -60,12 +63,18 @@ func ExampleOptions_shadow() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	enforced := httplimit.Middleware(api, httplimit.Options{CheckTimeout: 500 * time.Millisecond})
-	shadowed := httplimit.Middleware(exports, httplimit.Options{
+	enforced, err := httplimit.Middleware(httplimit.Config{CheckTimeout: 500 * time.Millisecond}, api)
+	if err != nil {
+		log.Fatal(err)
+	}
+	shadowed, err := httplimit.Middleware(httplimit.Config{
 		KeyFunc:      httplimit.KeyByHeader("X-API-Key"),
 		Shadow:       true,
 		CheckTimeout: 500 * time.Millisecond,
-	})
+	}, exports)
+	if err != nil {
+		log.Fatal(err)
+	}
 	export := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("export")) })
 	log.Fatal(http.ListenAndServe("127.0.0.1:8080", enforced(shadowed(export))))
 }
