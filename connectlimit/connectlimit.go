@@ -1,19 +1,25 @@
-// Package connectlimit rate-limits connectrpc.com/connect handlers with a
-// pgratelimit.Limiter: an interceptor for unary and streaming handlers,
+// Package connectlimit rate-limits connectrpc.com/connect handlers with
+// pgratelimit limiters: an interceptor for unary and streaming handlers,
 // whatever the protocol (Connect, gRPC, gRPC-Web).
+//
+// NewInterceptor(cfg, limiters...) builds it; Config's zero value checks
+// every call against the limiters given, keyed by the peer's address.
+// httplimit and grpclimit take a Config with the same fields, and answer
+// alike.
 //
 // It is a module of its own, so that services importing only the library
 // never download Connect or protobuf.
 //
 // # Calls and keys
 //
-// Each call is one check of the Limiter (a stream is checked once, when it
-// opens; its messages are not counted) of the call's key and cost. The key
+// Each call is one check of the limiters, all at once (a stream is checked
+// once, when it opens; its messages are not counted), of the call's key and
+// cost; Config.Limiters picks the limiters per call (a plan). The key
 // is the peer's IP address by default (KeyByPeer with no trusted proxy, in
 // httplimit's format "ip:ADDRESS", so a client shares its bucket with its
 // plain HTTP requests), or the procedure (KeyByProcedure), an API key from a
 // request header (KeyByHeader, hashed as httplimit.KeyByHeader does), or
-// any KeyFunc of the call. The cost is 1 unless WithCost says otherwise.
+// any KeyFunc of the call. The cost is 1 unless Config.Cost says otherwise.
 //
 // # Answers
 //
@@ -28,24 +34,25 @@
 // Retry-After (whole seconds, rounded up) in the error's Meta, which Connect
 // sends as response headers, and a google.rpc.RetryInfo detail
 // (errdetails.RetryInfo) whose RetryDelay is the exact wait. A call without a
-// key, or with an invalid key or cost, ends with connect.CodeInvalidArgument.
+// key, whose Config.Limiters fails, or with an invalid key or cost, ends
+// with connect.CodeInvalidArgument.
 //
 // # Exemptions
 //
-// WithExempt lets calls through unchecked: a call it says is exempt is not
+// Config.Exempt lets calls through unchecked: a call it says is exempt is not
 // keyed, costs nothing, never reaches the limiter and gets no rate-limit
 // headers, in shadow mode too. ExemptProcedures exempts procedures or whole
 // services by name, such as health checks and reflection:
 //
-//	connectlimit.WithExempt(connectlimit.ExemptProcedures("grpc.health.v1.Health",
-//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
+//	connectlimit.Config{Exempt: connectlimit.ExemptProcedures("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")}
 //
 // # Concurrency
 //
-// WithSemaphore makes each call, or each stream for as long as it is open,
+// Config.Semaphore makes each call, or each stream for as long as it is open,
 // hold a lease of a pgratelimit.Semaphore for its key while its handler
 // runs: "at most 5 calls in flight per client". The lease is taken with the
-// limiter's tokens, all or nothing, extended every TTL/3 and released when
+// limiters' tokens, all or nothing, extended every TTL/3 and released when
 // the handler returns (also when it panics). A call that finds no free
 // units ends with connect.CodeResourceExhausted and the same fields; exempt
 // calls take no lease.
@@ -54,15 +61,15 @@
 //
 // When the database fails, the interceptor fails closed with
 // connect.CodeUnavailable by default, or open (the call goes on, without
-// rate-limit headers) with WithFailOpen; either way the error is logged.
-// Each check is bounded by WithCheckTimeout (DefaultCheckTimeout unless
-// set), so a database that accepts connections and never answers costs a
+// rate-limit headers) with Config.FailOpen; either way the error is
+// logged. Each check is bounded by Config.CheckTimeout (DefaultCheckTimeout
+// unless set), so a database that accepts connections and never answers costs a
 // call at most that long. A call whose own context ends during the check
 // ends with connect.CodeCanceled or connect.CodeDeadlineExceeded.
 //
 // # Shadow mode
 //
-// WithShadow rolls a limit out without enforcing it: every call is checked
+// Config.Shadow rolls a limit out without enforcing it: every call is checked
 // (an allowed check takes its tokens, a would-be denial writes nothing),
 // would-be denials are logged at Warn with the key, the limiter's prefix and
 // the retry delay, and counted with pgratelimit.shadow=true (see

@@ -1,19 +1,26 @@
-// Package grpclimit rate-limits gRPC servers with a pgratelimit.Limiter:
-// unary and streaming server interceptors, and an adapter for the chain of
-// go-grpc-middleware v2 (its interceptors/ratelimit package).
+// Package grpclimit rate-limits gRPC servers with pgratelimit limiters:
+// unary and streaming server interceptors (NewInterceptor's Unary and
+// Stream), and an adapter for the chain of go-grpc-middleware v2 (its
+// interceptors/ratelimit package).
+//
+// NewInterceptor(cfg, limiters...) builds them; Config's zero value checks
+// every call against the limiters given, keyed by the peer's address.
+// httplimit and connectlimit take a Config with the same fields, and answer
+// alike.
 //
 // It is a module of its own, so that services importing only the library
 // never download gRPC.
 //
 // # Calls and keys
 //
-// Each call is one check of the Limiter (a stream is checked once, when it
-// opens; its messages are not counted) of the call's key and cost. The key
-// is the peer's IP address by default (KeyByPeer with no trusted proxy, in
+// Each call is one check of the limiters, all at once (a stream is checked
+// once, when it opens; its messages are not counted), of the call's key and
+// cost; Config.Limiters picks the limiters per call (a plan). The key is the
+// peer's IP address by default (KeyByPeer with no trusted proxy, in
 // httplimit's format "ip:ADDRESS", so a client shares its bucket with its
 // HTTP requests), or the method (KeyByMethod), an API key from the metadata
 // (KeyByMetadata, hashed), or any KeyFunc of the context and the method. The
-// cost is 1 unless WithCost says otherwise.
+// cost is 1 unless Config.Cost says otherwise.
 //
 // # Answers
 //
@@ -27,25 +34,25 @@
 // A denied call ends with codes.ResourceExhausted, a google.rpc.RetryInfo
 // detail (errdetails.RetryInfo) whose RetryDelay is the exact wait
 // (Result.RetryAfter), and the same header metadata plus "retry-after" in
-// whole seconds, rounded up. A call without a key, or with an invalid key or
-// cost, ends with codes.InvalidArgument.
+// whole seconds, rounded up. A call without a key, whose Config.Limiters
+// fails, or with an invalid key or cost, ends with codes.InvalidArgument.
 //
 // # Exemptions
 //
-// WithExempt lets calls through unchecked: a call it says is exempt is not
+// Config.Exempt lets calls through unchecked: a call it says is exempt is not
 // keyed, costs nothing, never reaches the limiter and gets no rate-limit
 // metadata, in shadow mode too. ExemptMethods exempts methods or whole
 // services by name, such as health checks and reflection:
 //
-//	grpclimit.WithExempt(grpclimit.ExemptMethods("grpc.health.v1.Health",
-//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
+//	grpclimit.Config{Exempt: grpclimit.ExemptMethods("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")}
 //
 // # Concurrency
 //
-// WithSemaphore makes each call, or each stream for as long as it is open,
+// Config.Semaphore makes each call, or each stream for as long as it is open,
 // hold a lease of a pgratelimit.Semaphore for its key while its handler
 // runs: "at most 5 calls in flight per client". The lease is taken with the
-// limiter's tokens, all or nothing, extended every TTL/3 and released when
+// limiters' tokens, all or nothing, extended every TTL/3 and released when
 // the handler returns (also when it panics). A call that finds no free
 // units ends with codes.ResourceExhausted and the same fields; exempt
 // calls take no lease.
@@ -54,16 +61,16 @@
 //
 // When the database fails, the interceptors fail closed with
 // codes.Unavailable by default, or open (the call goes on, without
-// rate-limit metadata) with WithFailOpen; either way the error is logged.
-// Each check is bounded by WithCheckTimeout (DefaultCheckTimeout unless
-// set), so a database that accepts connections and never answers costs a
+// rate-limit metadata) with Config.FailOpen; either way the error is
+// logged. Each check is bounded by Config.CheckTimeout (DefaultCheckTimeout
+// unless set), so a database that accepts connections and never answers costs a
 // call at most that long. A call whose own context ends during the check
 // ends with that context's status (codes.Canceled or
 // codes.DeadlineExceeded).
 //
 // # Shadow mode
 //
-// WithShadow rolls a limit out without enforcing it: every call is checked
+// Config.Shadow rolls a limit out without enforcing it: every call is checked
 // (an allowed check takes its tokens, a would-be denial writes nothing),
 // would-be denials are logged at Warn with the key, the limiter's prefix and
 // the retry delay, and counted with pgratelimit.shadow=true (see

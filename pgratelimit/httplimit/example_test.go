@@ -13,39 +13,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
-// Two policies per API key, per second and per day, enforced together, and
-// the limits picked per request from the customer's plan.
-func ExampleConfig_limiters() {
-	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	limit := func(prefix string, n int64, per time.Duration) *pgratelimit.Limiter {
-		l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: n, Interval: per})
-		if err != nil {
-			log.Fatal(err)
-		}
-		return l
-	}
-	plans := map[string][]*pgratelimit.Limiter{
-		"free": {limit("second", 2, time.Second), limit("day", 1_000, 24*time.Hour)},
-		"pro":  {limit("second", 50, time.Second), limit("day", 100_000, 24*time.Hour)},
-	}
-	planOf := func(apiKeyHash string) string { return "free" } // your lookup
-
-	mw, err := httplimit.Middleware(httplimit.Config{
-		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
-		Limiters: func(r *http.Request, key string) ([]*pgratelimit.Limiter, error) {
-			return plans[planOf(key)], nil
-		},
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
-	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mw(api)))
-}
-
 // A new limit rolled out in shadow mode, behind the limit already enforced:
 // its would-be denials are logged and counted (pgratelimit.checks with
 // pgratelimit.shadow=true) and nothing is denied. Each check is bounded: a

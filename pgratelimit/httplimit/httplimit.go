@@ -1,5 +1,10 @@
-// Package httplimit is net/http middleware that rate-limits requests with a
-// pgratelimit.Limiter and tells clients their limits in standard headers.
+// Package httplimit is net/http middleware that rate-limits requests with
+// pgratelimit limiters and tells clients their limits in standard headers.
+//
+// Middleware(cfg, limiters...) builds it; Config's zero value checks every
+// request against the limiters given, keyed by the client's address.
+// grpclimit and connectlimit take a Config with the same fields, and answer
+// alike.
 //
 // # Headers
 //
@@ -14,11 +19,11 @@
 // fill, ceil(Capacity/Refill) intervals, in seconds rounded up; r is the
 // tokens remaining after this request; t is the seconds until the bucket is
 // full again (Result.ResetAfter, rounded up). Quota units are tokens: one per
-// request unless Options.Cost says otherwise. The policy's name is the
+// request unless Config.Cost says otherwise. The policy's name is the
 // limiter's Config.Prefix. Numbers above 15 digits, which RFC 8941 does not
-// allow, are sent as MaxSFInteger.
+// allow, are sent as 999999999999999.
 //
-// With several limiters (MiddlewareAll), RateLimit-Policy lists every policy
+// With several limiters, RateLimit-Policy lists every policy
 // and RateLimit reports one: the policy that denied the request (the one with
 // the longest wait), or, when allowed, the one with the smallest share of its
 // quota left. One item, because it is the limit that matters to a client
@@ -27,7 +32,7 @@
 //
 // A denied request gets 429 Too Many Requests with Retry-After in whole
 // seconds, rounded up, so a client that obeys it is never early. With
-// Options.LegacyHeaders the widespread X-RateLimit-Limit, -Remaining and
+// Config.LegacyHeaders the widespread X-RateLimit-Limit, -Remaining and
 // -Reset (seconds) are sent as well.
 //
 // # Keys
@@ -35,19 +40,22 @@
 // KeyByIP keys by client address, believing X-Forwarded-For only from
 // trusted proxies; KeyByHeader keys by a request header such as an API key.
 // Keys are stored in plain text in the bucket table: KeyByHeader hashes the
-// header value, and a custom KeyFunc should hash anything secret too.
+// header value, and a custom KeyFunc should hash anything secret too. A
+// request the middleware refuses (no key, an error of Config.Limiters, a
+// key or cost pgratelimit refuses) is answered by Config.ErrorHandler: 400
+// Bad Request by default.
 //
 // # Exemptions
 //
-// Options.Exempt lets requests through unchecked: a request it says is
+// Config.Exempt lets requests through unchecked: a request it says is
 // exempt is not keyed, costs nothing, never reaches the limiter and gets no
 // rate-limit headers, in shadow mode too. ExemptPaths exempts exact paths:
 //
-//	httplimit.Options{Exempt: httplimit.ExemptPaths("/healthz", "/readyz")}
+//	httplimit.Config{Exempt: httplimit.ExemptPaths("/healthz", "/readyz")}
 //
 // # Concurrency
 //
-// Options.Semaphore makes each request hold a lease of its key (the same key
+// Config.Semaphore makes each request hold a lease of its key (the same key
 // as the limiters') for as long as its handler runs: "at most 5 requests in
 // flight per client". The lease is taken in the same pgratelimit.AllowAll
 // as the limiters' tokens (all or nothing), extended every TTL/3 while the
@@ -55,21 +63,21 @@
 // request that finds no free units gets the 429 of a denied one, with
 // Retry-After; RateLimit-Policy lists the semaphore as "name";q=Max, and
 // RateLimit reports it, when it is the limit that matters, as "name";r=free.
-// Middleware(nil, opts) with a Semaphore limits concurrency alone.
+// Middleware with a Semaphore and no limiter limits concurrency alone.
 //
 // # Failures and timeouts
 //
 // When the database fails, the middleware fails closed (503) by default, or
 // open (the request goes through, without rate-limit headers) with
-// Options.FailOpen; either way the error is logged. Each check is bounded by
-// Options.CheckTimeout (DefaultCheckTimeout unless set), so a database that
+// Config.FailOpen; either way the error is logged. Each check is bounded by
+// Config.CheckTimeout (DefaultCheckTimeout unless set), so a database that
 // accepts connections and never answers costs a request at most that long
 // before it fails closed or open: the bound covers taking a connection from
 // the pool, connecting, and the check's statements.
 //
 // # Shadow mode
 //
-// With Options.Shadow a limit is rolled out without being enforced: every
+// With Config.Shadow a limit is rolled out without being enforced: every
 // request is checked as it would be (an allowed check takes its tokens, a
 // would-be denial writes nothing), each would-be denial is logged at Warn
 // with the key, the limiter's prefix and the retry delay, the checks are
