@@ -349,3 +349,17 @@ func TestKeys(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+func TestFieldHelpers(t *testing.T) {
+	if got := SFString("a\"b\\c\r\nd\xff"); got != `"a\"b\\c??d?"` {
+		t.Fatalf("SFString: %s", got)
+	}
+	for d, want := range map[time.Duration]int64{0: 0, time.Nanosecond: 1, time.Second: 1, 1500 * time.Millisecond: 2} {
+		if got := CeilSeconds(d); got != want {
+			t.Fatalf("CeilSeconds(%s) = %d", d, got)
+		}
+	}
+	if got := sfInt(MaxSFInteger + 1); got != MaxSFInteger {
+		t.Fatalf("sfInt: %d", got)
+	}
+}
