@@ -17,8 +17,8 @@ import (
 
 // An allowed call reaches its handler with RateLimit-Policy and RateLimit,
 // and takes its token.
-func testAllowed(t *testing.T, d Driver) {
-	l := limiter(t, "t", 2, 10*time.Second)
+func testAllowed(t *testing.T, d suite) {
+	l := d.limiter(t, "t", 2, 10*time.Second)
 	c := serve(t, d, Config{KeyFunc: byKey}, l)
 	want(t, "first call", c.Do(t, keyField, "a"), OK, `"t";q=2;w=20`, `"t";r=1;t=10`, "")
 	if n := remaining(t, l, "a"); n != 1 {
@@ -29,8 +29,8 @@ func testAllowed(t *testing.T, d Driver) {
 // A denied call gets the fields, Retry-After in whole seconds and, where
 // the protocol has it, the exact wait in RetryInfo; another key's bucket is
 // its own.
-func testDenied(t *testing.T, d Driver) {
-	l := limiter(t, "t", 1, 10*time.Second)
+func testDenied(t *testing.T, d suite) {
+	l := d.limiter(t, "t", 1, 10*time.Second)
 	c := serve(t, d, Config{KeyFunc: byKey}, l)
 	want(t, "first call", c.Do(t, keyField, "a"), OK, `"t";q=1;w=10`, `"t";r=0;t=10`, "")
 	r := c.Do(t, keyField, "a")
@@ -42,8 +42,8 @@ func testDenied(t *testing.T, d Driver) {
 }
 
 // Without a KeyFunc, a call is keyed by its peer's address.
-func testDefaultKey(t *testing.T, d Driver) {
-	l := limiter(t, "t", 5, time.Hour)
+func testDefaultKey(t *testing.T, d suite) {
+	l := d.limiter(t, "t", 5, time.Hour)
 	c := serve(t, d, Config{}, l)
 	if r := c.Do(t); r.Status != OK {
 		t.Fatalf("%s (%s)", r.Status, r.Raw)
@@ -56,8 +56,8 @@ func testDefaultKey(t *testing.T, d Driver) {
 // A call without a key, whose limiters cannot be found, or whose cost
 // pgratelimit refuses, is the call's fault (Invalid), spending nothing; in
 // shadow mode it goes on, logged.
-func testRefused(t *testing.T, d Driver) {
-	l := limiter(t, "t", 5, time.Hour)
+func testRefused(t *testing.T, d suite) {
+	l := d.limiter(t, "t", 5, time.Hour)
 	noPlan := func(Request, string) ([]*pgratelimit.Limiter, error) { return nil, errors.New("no such plan") }
 	for _, tc := range []struct {
 		name string
@@ -85,8 +85,8 @@ func testRefused(t *testing.T, d Driver) {
 
 // Exempt calls go on unchecked, without fields, spending nothing, also
 // once the others are denied.
-func testExempt(t *testing.T, d Driver) {
-	l := limiter(t, "ex", 1, 10*time.Second)
+func testExempt(t *testing.T, d suite) {
+	l := d.limiter(t, "ex", 1, 10*time.Second)
 	c := serve(t, d, Config{KeyFunc: byKey, Exempt: func(r Request) bool { return r.Get(exemptField) != "" }}, l)
 	for range 3 {
 		want(t, "exempt call", c.Do(t, keyField, "a", exemptField, "1"), OK, "", "", "")
@@ -101,8 +101,8 @@ func testExempt(t *testing.T, d Driver) {
 
 // An exempt call never reaches the database, the key, limiters or cost
 // funcs, nor the log, in shadow mode too.
-func testExemptTouchesNothing(t *testing.T, d Driver) {
-	b := broken(t)
+func testExemptTouchesNothing(t *testing.T, d suite) {
+	b := d.broken(t)
 	var asked atomic.Int64
 	logs := &records{}
 	cfg := Config{
@@ -130,8 +130,8 @@ func testExemptTouchesNothing(t *testing.T, d Driver) {
 }
 
 // Cost takes that many tokens of each limiter.
-func testCost(t *testing.T, d Driver) {
-	l := limiter(t, "c", 5, time.Hour)
+func testCost(t *testing.T, d suite) {
+	l := d.limiter(t, "c", 5, time.Hour)
 	c := serve(t, d, Config{KeyFunc: byKey, Cost: byCost}, l)
 	want(t, "cost 3", c.Do(t, keyField, "a", costField, "3"), OK, `"c";q=5;w=18000`, `"c";r=2;t=10800`, "")
 	r := c.Do(t, keyField, "a", costField, "3")
@@ -146,8 +146,8 @@ func testCost(t *testing.T, d Driver) {
 
 // A database that fails (no tables) fails calls closed (Unavailable), or
 // lets them on without fields with FailOpen; logged either way.
-func testFailClosedAndOpen(t *testing.T, d Driver) {
-	b := broken(t)
+func testFailClosedAndOpen(t *testing.T, d suite) {
+	b := d.broken(t)
 	logs := &records{}
 	cfg := Config{KeyFunc: byKey, Logger: slog.New(logs)}
 	want(t, "fail closed", serve(t, d, cfg, b).Do(t, keyField, "a"), Unavailable, "", "", "")
@@ -163,8 +163,8 @@ func testFailClosedAndOpen(t *testing.T, d Driver) {
 // Against a database that accepts connections and never answers, the
 // check timeout ends the check: the call fails closed, or open with
 // FailOpen.
-func testCheckTimeout(t *testing.T, d Driver) {
-	l := newLimiter(t, silentPool(t), pgratelimit.Config{Prefix: "t", Capacity: 1, Refill: 1, Interval: time.Hour})
+func testCheckTimeout(t *testing.T, d suite) {
+	l := d.newLimiter(t, silentPool(t), pgratelimit.Config{Prefix: "t", Capacity: 1, Refill: 1, Interval: time.Hour})
 	cfg := Config{KeyFunc: byKey, CheckTimeout: 100 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
 	want(t, "fail closed", serve(t, d, cfg, l).Do(t, keyField, "a"), Unavailable, "", "", "")
 	cfg.FailOpen = true
@@ -174,8 +174,8 @@ func testCheckTimeout(t *testing.T, d Driver) {
 // In shadow mode every call goes on without fields; the checks spend as
 // enforced ones would, and each would-be denial is logged with the key,
 // prefix and wait.
-func testShadow(t *testing.T, d Driver) {
-	l := limiter(t, "sh", 1, 10*time.Second)
+func testShadow(t *testing.T, d suite) {
+	l := d.limiter(t, "sh", 1, 10*time.Second)
 	logs := &records{}
 	c := serve(t, d, Config{KeyFunc: byKey, Shadow: true, Logger: slog.New(logs)}, l)
 	for range 3 {
@@ -190,9 +190,9 @@ func testShadow(t *testing.T, d Driver) {
 }
 
 // Shadow mode denies nothing, even when the check cannot be made.
-func testShadowFailures(t *testing.T, d Driver) {
+func testShadowFailures(t *testing.T, d suite) {
 	logs := &records{}
-	c := serve(t, d, Config{KeyFunc: byKey, Shadow: true, Logger: slog.New(logs)}, broken(t))
+	c := serve(t, d, Config{KeyFunc: byKey, Shadow: true, Logger: slog.New(logs)}, d.broken(t))
 	want(t, "no key", c.Do(t), OK, "", "", "")
 	want(t, "no tables", c.Do(t, keyField, "a"), OK, "", "", "")
 	if got := logs.get(); count(got, " not checked") != 1 || count(got, ": rate-limit check failed") != 1 {

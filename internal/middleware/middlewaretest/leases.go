@@ -13,7 +13,7 @@ import (
 // A call holds a lease of its key while its handler runs, extended past
 // the TTL, released when it returns; a call that finds no free unit is
 // denied with the semaphore's fields; exempt calls take no lease.
-func testSemaphore(t *testing.T, d Driver) {
+func testSemaphore(t *testing.T, d suite) {
 	s := newSemaphore(t, testdb.Pool(t), pgratelimit.SemaphoreConfig{Prefix: "conc", Max: 1, TTL: 300 * time.Millisecond})
 	started, gate := make(chan struct{}, 1), make(chan struct{})
 	handle := func(r Request) {
@@ -45,9 +45,9 @@ func testSemaphore(t *testing.T, d Driver) {
 
 // A lease and a rate limit on one call: both policies in RateLimit-Policy,
 // the lease's weight from Weight, taken together.
-func testSemaphoreWithLimiter(t *testing.T, d Driver) {
+func testSemaphoreWithLimiter(t *testing.T, d suite) {
 	pool := testdb.Pool(t)
-	l := newLimiter(t, pool, pgratelimit.Config{Prefix: "api", Capacity: 10, Refill: 10, Interval: 10 * time.Second})
+	l := d.newLimiter(t, pool, pgratelimit.Config{Prefix: "api", Capacity: 10, Refill: 10, Interval: 10 * time.Second})
 	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "conc", Max: 4, TTL: time.Minute})
 	c := serve(t, d, Config{KeyFunc: byKey, Cost: byCost, Semaphore: s, Weight: func(Request) int64 { return 3 }}, l)
 	want(t, "a call", c.Do(t, keyField, "a"), OK, `"api";q=10;w=10, "conc";q=4`, `"conc";r=1`, "")
@@ -64,10 +64,10 @@ func testSemaphoreWithLimiter(t *testing.T, d Driver) {
 
 // Limiters picks a call's limiters from the call (a plan), in place of the
 // limiters given; an error is the call's fault.
-func testLimitersPerCall(t *testing.T, d Driver) {
+func testLimitersPerCall(t *testing.T, d suite) {
 	pool := testdb.Pool(t)
 	mk := func(prefix string, n int64) *pgratelimit.Limiter {
-		return newLimiter(t, pool, pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: 1, Interval: 10 * time.Second, Clock: fixed})
+		return d.newLimiter(t, pool, pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: 1, Interval: 10 * time.Second, Clock: fixed})
 	}
 	def := mk("default", 2)
 	plans := map[string][]*pgratelimit.Limiter{"free": {mk("free", 1)}, "pro": {mk("pro", 5)}}
@@ -97,10 +97,10 @@ func testLimitersPerCall(t *testing.T, d Driver) {
 // Several limiters are charged at once, all or nothing: RateLimit-Policy
 // lists them all, RateLimit reports the one closest to denying, and a call
 // one of them denies takes nothing of the others.
-func testSeveralLimiters(t *testing.T, d Driver) {
+func testSeveralLimiters(t *testing.T, d suite) {
 	pool := testdb.Pool(t)
-	second := newLimiter(t, pool, pgratelimit.Config{Prefix: "second", Capacity: 2, Refill: 1, Interval: 10 * time.Second, Clock: fixed})
-	day := newLimiter(t, pool, pgratelimit.Config{Prefix: "day", Capacity: 3, Refill: 1, Interval: time.Hour, Clock: fixed})
+	second := d.newLimiter(t, pool, pgratelimit.Config{Prefix: "second", Capacity: 2, Refill: 1, Interval: 10 * time.Second, Clock: fixed})
+	day := d.newLimiter(t, pool, pgratelimit.Config{Prefix: "day", Capacity: 3, Refill: 1, Interval: time.Hour, Clock: fixed})
 	c := serve(t, d, Config{KeyFunc: byKey}, second, day)
 	policy := `"second";q=2;w=20, "day";q=3;w=10800`
 	want(t, "first", c.Do(t, keyField, "a"), OK, policy, `"second";r=1;t=10`, "")
@@ -113,9 +113,9 @@ func testSeveralLimiters(t *testing.T, d Driver) {
 
 // A Config that cannot check anything, a nil limiter, or a Weight without
 // a Semaphore is refused when the adapter is built, with ErrInvalidConfig.
-func testInvalidConfig(t *testing.T, d Driver) {
+func testInvalidConfig(t *testing.T, d suite) {
 	pool := testdb.Pool(t)
-	l := newLimiter(t, pool, pgratelimit.Config{Prefix: "t", Capacity: 1, Refill: 1, Interval: time.Second})
+	l := d.newLimiter(t, pool, pgratelimit.Config{Prefix: "t", Capacity: 1, Refill: 1, Interval: time.Second})
 	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "s", Max: 1, TTL: time.Minute})
 	weight := func(Request) int64 { return 1 }
 	none := func(Request) {}

@@ -6,7 +6,9 @@
 // calls with their fields and retry information, key and limiter errors,
 // exemptions, costs, failing open or closed on a dead database, the check
 // timeout, shadow mode, a lease held for a call, limiters picked per call,
-// several limiters charged at once, and the Configs refused when building.
+// several limiters charged at once, and the Configs refused when building;
+// each with limiters that coalesce their checks and with limiters that do
+// not.
 // What only one protocol has (streams, HTTP's legacy headers, go-grpc-
 // middleware's chain) stays in that adapter's tests.
 package middlewaretest
@@ -124,12 +126,33 @@ const (
 	blockField  = "x-block"  // present: the handler blocks
 )
 
+// suite is the Driver of a run, and whether its limiters check without
+// coalescing (DisableCoalescing).
+type suite struct {
+	Driver
+	perCheck bool
+}
+
 // Run runs every case of the suite against the adapter of d, each in a
-// parallel subtest on a schema of its own.
+// parallel subtest on a schema of its own, with limiters that coalesce
+// their checks and with limiters that do not.
 func Run(t *testing.T, d Driver) {
+	for _, perCheck := range []bool{false, true} {
+		name := "coalescing"
+		if perCheck {
+			name = "per-check"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			run(t, suite{d, perCheck})
+		})
+	}
+}
+
+func run(t *testing.T, d suite) {
 	for _, c := range []struct {
 		name string
-		run  func(*testing.T, Driver)
+		run  func(*testing.T, suite)
 	}{
 		{"Allowed", testAllowed},
 		{"Denied", testDenied},
@@ -178,8 +201,10 @@ func byCost(r Request) int64 {
 	return n
 }
 
-func newLimiter(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.Config) *pgratelimit.Limiter {
+// newLimiter is a limiter of cfg on pool, in the suite's mode.
+func (d suite) newLimiter(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.Config) *pgratelimit.Limiter {
 	t.Helper()
+	cfg.DisableCoalescing = d.perCheck
 	l, err := pgratelimit.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -189,15 +214,15 @@ func newLimiter(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.Config) *pgrat
 
 // limiter is a limiter of prefix on a fresh schema, on the fixed clock:
 // capacity n, one token back every interval.
-func limiter(t *testing.T, prefix string, n int64, interval time.Duration) *pgratelimit.Limiter {
+func (d suite) limiter(t *testing.T, prefix string, n int64, interval time.Duration) *pgratelimit.Limiter {
 	t.Helper()
-	return newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: 1, Interval: interval, Clock: fixed})
+	return d.newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: 1, Interval: interval, Clock: fixed})
 }
 
 // broken is a limiter whose database has no tables: every check fails.
-func broken(t *testing.T) *pgratelimit.Limiter {
+func (d suite) broken(t *testing.T) *pgratelimit.Limiter {
 	t.Helper()
-	return newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour})
+	return d.newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour})
 }
 
 func serve(t *testing.T, d Driver, cfg Config, limiters ...*pgratelimit.Limiter) Client {
