@@ -144,19 +144,21 @@ func testCost(t *testing.T, d suite) {
 	}
 }
 
-// A database that fails (no tables) fails calls closed (Unavailable), or
-// lets them on without fields with FailOpen; logged either way.
+// A database that fails (no tables, or nothing listening) fails calls
+// closed (Unavailable), or lets them on without fields with FailOpen;
+// logged either way.
 func testFailClosedAndOpen(t *testing.T, d suite) {
-	b := d.broken(t)
-	logs := &records{}
-	cfg := Config{KeyFunc: byKey, Logger: slog.New(logs)}
-	want(t, "fail closed", serve(t, d, cfg, b).Do(t, keyField, "a"), Unavailable, "", "", "")
-	cfg.FailOpen = true
-	want(t, "fail open", serve(t, d, cfg, b).Do(t, keyField, "a"), OK, "", "", "")
-	got := logs.get()
-	if count(got, "ERROR ") != 2 || count(got, ": rate-limit check failed") != 2 ||
-		count(got, "fail_open=false") != 1 || count(got, "fail_open=true") != 1 {
-		t.Fatalf("logs %q, want the two failures", got)
+	for name, l := range map[string]*pgratelimit.Limiter{"no tables": d.broken(t), "nothing listening": d.dead(t)} {
+		logs := &records{}
+		cfg := Config{KeyFunc: byKey, Logger: slog.New(logs)}
+		want(t, name+", fail closed", serve(t, d, cfg, l).Do(t, keyField, "a"), Unavailable, "", "", "")
+		cfg.FailOpen = true
+		want(t, name+", fail open", serve(t, d, cfg, l).Do(t, keyField, "a"), OK, "", "", "")
+		got := logs.get()
+		if count(got, "ERROR ") != 2 || count(got, ": rate-limit check failed") != 2 ||
+			count(got, "fail_open=false") != 1 || count(got, "fail_open=true") != 1 {
+			t.Fatalf("%s: logs %q, want the two failures", name, got)
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -223,6 +224,24 @@ func (d suite) limiter(t *testing.T, prefix string, n int64, interval time.Durat
 func (d suite) broken(t *testing.T) *pgratelimit.Limiter {
 	t.Helper()
 	return d.newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour})
+}
+
+// dead is a limiter whose database address has nothing listening: every
+// check fails to connect.
+func (d suite) dead(t *testing.T) *pgratelimit.Limiter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	pool, err := pgxpool.New(context.Background(), "postgres://user@"+addr+"/db?sslmode=disable&connect_timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return d.newLimiter(t, pool, pgratelimit.Config{Prefix: "d", Capacity: 1, Refill: 1, Interval: time.Hour})
 }
 
 func serve(t *testing.T, d Driver, cfg Config, limiters ...*pgratelimit.Limiter) Client {
