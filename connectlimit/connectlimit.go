@@ -1,19 +1,25 @@
-// Package connectlimit rate-limits connectrpc.com/connect handlers with a
-// pgratelimit.Limiter: an interceptor for unary and streaming handlers,
+// Package connectlimit rate-limits connectrpc.com/connect handlers with
+// pgratelimit limiters: an interceptor for unary and streaming handlers,
 // whatever the protocol (Connect, gRPC, gRPC-Web).
+//
+// NewInterceptor(cfg, limiters...) builds it; Config's zero value checks
+// every call against the limiters given, keyed by the peer's address.
+// httplimit and grpclimit take a Config with the same fields, and answer
+// alike.
 //
 // It is a module of its own, so that services importing only the library
 // never download Connect or protobuf.
 //
 // # Calls and keys
 //
-// Each call is one check of the Limiter (a stream is checked once, when it
-// opens; its messages are not counted) of the call's key and cost. The key
+// Each call is one check of the limiters, all at once (a stream is checked
+// once, when it opens; its messages are not counted), of the call's key and
+// cost; Config.Limiters picks the limiters per call (a plan). The key
 // is the peer's IP address by default (KeyByPeer with no trusted proxy, in
 // httplimit's format "ip:ADDRESS", so a client shares its bucket with its
 // plain HTTP requests), or the procedure (KeyByProcedure), an API key from a
 // request header (KeyByHeader, hashed as httplimit.KeyByHeader does), or
-// any KeyFunc of the call. The cost is 1 unless WithCost says otherwise.
+// any KeyFunc of the call. The cost is 1 unless Config.Cost says otherwise.
 //
 // # Answers
 //
@@ -28,24 +34,25 @@
 // Retry-After (whole seconds, rounded up) in the error's Meta, which Connect
 // sends as response headers, and a google.rpc.RetryInfo detail
 // (errdetails.RetryInfo) whose RetryDelay is the exact wait. A call without a
-// key, or with an invalid key or cost, ends with connect.CodeInvalidArgument.
+// key, whose Config.Limiters fails, or with an invalid key or cost, ends
+// with connect.CodeInvalidArgument.
 //
 // # Exemptions
 //
-// WithExempt lets calls through unchecked: a call it says is exempt is not
+// Config.Exempt lets calls through unchecked: a call it says is exempt is not
 // keyed, costs nothing, never reaches the limiter and gets no rate-limit
 // headers, in shadow mode too. ExemptProcedures exempts procedures or whole
 // services by name, such as health checks and reflection:
 //
-//	connectlimit.WithExempt(connectlimit.ExemptProcedures("grpc.health.v1.Health",
-//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
+//	connectlimit.Config{Exempt: connectlimit.ExemptProcedures("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")}
 //
 // # Concurrency
 //
-// WithSemaphore makes each call, or each stream for as long as it is open,
+// Config.Semaphore makes each call, or each stream for as long as it is open,
 // hold a lease of a pgratelimit.Semaphore for its key while its handler
 // runs: "at most 5 calls in flight per client". The lease is taken with the
-// limiter's tokens, all or nothing, extended every TTL/3 and released when
+// limiters' tokens, all or nothing, extended every TTL/3 and released when
 // the handler returns (also when it panics). A call that finds no free
 // units ends with connect.CodeResourceExhausted and the same fields; exempt
 // calls take no lease.
@@ -54,15 +61,15 @@
 //
 // When the database fails, the interceptor fails closed with
 // connect.CodeUnavailable by default, or open (the call goes on, without
-// rate-limit headers) with WithFailOpen; either way the error is logged.
-// Each check is bounded by WithCheckTimeout (DefaultCheckTimeout unless
-// set), so a database that accepts connections and never answers costs a
+// rate-limit headers) with Config.FailOpen; either way the error is
+// logged. Each check is bounded by Config.CheckTimeout (DefaultCheckTimeout
+// unless set), so a database that accepts connections and never answers costs a
 // call at most that long. A call whose own context ends during the check
 // ends with connect.CodeCanceled or connect.CodeDeadlineExceeded.
 //
 // # Shadow mode
 //
-// WithShadow rolls a limit out without enforcing it: every call is checked
+// Config.Shadow rolls a limit out without enforcing it: every call is checked
 // (an allowed check takes its tokens, a would-be denial writes nothing),
 // would-be denials are logged at Warn with the key, the limiter's prefix and
 // the retry delay, and counted with pgratelimit.shadow=true (see
@@ -76,6 +83,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"connectrpc.com/connect"
@@ -84,7 +92,6 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 // Call is what a key or cost function can read of a call.
@@ -107,14 +114,32 @@ type KeyFunc func(ctx context.Context, call Call) (string, error)
 // key it by (an unparsable peer address, no such header).
 var ErrNoKey = errors.New("connectlimit: no rate-limit key in call")
 
+// IPKeyConfig configures KeyByPeer, as httplimit.IPKeyConfig configures
+// httplimit.KeyByIP: a client has the same key over plain HTTP and Connect.
+type IPKeyConfig struct {
+	// TrustedProxies are the networks of your own proxies and load
+	// balancers. X-Forwarded-For is believed only when the peer is in one
+	// of them, and then read from the right, skipping trusted hops: the
+	// first untrusted address is the client. Defaults to none: the peer is
+	// the client.
+	TrustedProxies []netip.Prefix
+
+	// IPv6Prefix, when in 1..127, keys IPv6 clients by their network of
+	// this many bits (64 groups a /64) instead of by address. Defaults to
+	// 0: the whole address.
+	IPv6Prefix int
+}
+
 // KeyByPeer keys calls by the client's IP address as httplimit.KeyByIP does,
 // from the peer's address and, when the peer is one of cfg.TrustedProxies,
 // X-Forwarded-For: "ip:ADDRESS", or "ip:NETWORK/BITS" with cfg.IPv6Prefix.
-func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
+// A peer address that does not parse gets ErrNoKey.
+func KeyByPeer(cfg IPKeyConfig) KeyFunc {
+	c := middleware.IPKeyConfig(cfg)
 	return func(_ context.Context, call Call) (string, error) {
-		key, err := cfg.Key(call.Peer.Addr, call.Header.Values("X-Forwarded-For"))
+		key, err := c.Key(call.Peer.Addr, call.Header.Values("X-Forwarded-For"))
 		if err != nil {
-			return "", fmt.Errorf("%w: peer address %q", ErrNoKey, call.Peer.Addr)
+			return "", fmt.Errorf("%w: %v", ErrNoKey, err)
 		}
 		return key, nil
 	}
@@ -145,33 +170,82 @@ func KeyByHeader(name string) KeyFunc {
 	}
 }
 
-// DefaultCheckTimeout is the bound on each check unless WithCheckTimeout
-// sets another: far above a healthy check (a millisecond or a few), well
-// below the deadlines of most clients.
+// DefaultCheckTimeout is the bound on each check when Config.CheckTimeout
+// is zero: far above a healthy check (a millisecond or a few), well below
+// the deadlines of most clients.
 const DefaultCheckTimeout = middleware.DefaultCheckTimeout
 
-// An Option configures the interceptor.
-type Option func(*options)
+// Config configures NewInterceptor. Its zero value checks every call
+// against the limiters given, keyed by the peer's address. The funcs are
+// called with the call's context.
+type Config struct {
+	// KeyFunc picks the bucket of a call. Defaults to
+	// KeyByPeer(IPKeyConfig{}): the direct peer's address, trusting no
+	// proxy.
+	KeyFunc KeyFunc
 
-// options are the core's, for calls.
-type options = middleware.Config[Call]
+	// Limiters, when set, picks the limiters a call is checked against,
+	// given its key (e.g. a plan looked up from the API key), all charged
+	// at once, in place of those given to NewInterceptor. An error ends
+	// the call with connect.CodeInvalidArgument, as a KeyFunc error does.
+	// Defaults to nil: the limiters given.
+	Limiters func(ctx context.Context, call Call, key string) ([]*pgratelimit.Limiter, error)
 
-// WithKeyFunc sets how a call's key is found. Defaults to
-// KeyByPeer(httplimit.IPKeyConfig{}): the direct peer's address, trusting no
-// proxy.
-func WithKeyFunc(f KeyFunc) Option {
-	return func(o *options) { o.Key = f }
+	// Cost is how many tokens a call takes of each limiter, by procedure
+	// for example. Defaults to 1 for every call.
+	Cost func(ctx context.Context, call Call) int64
+
+	// Exempt, when it returns true, lets a call through unchecked: no key,
+	// no check, no rate-limit headers, whatever the other fields say, in
+	// shadow mode too. ExemptProcedures makes one for health checks and
+	// reflection. Defaults to nil: every call is checked.
+	Exempt func(ctx context.Context, call Call) bool
+
+	// Semaphore, when set, makes each call (each stream, for as long as it
+	// is open) hold a lease of its key (the limiters' key) while its
+	// handler runs: taken in the same pgratelimit.AllowAll as the
+	// limiters' tokens (all or nothing), extended every TTL/3, released
+	// when the handler returns, also when it panics. A call that finds no
+	// free units is denied as the limiters deny one
+	// (connect.CodeResourceExhausted, with the rate-limit headers: the
+	// semaphore's policy is "name";q=Max and RateLimit reports it as
+	// "name";r=free). It must use the limiters' pool. Defaults to nil: no
+	// lease.
+	Semaphore *pgratelimit.Semaphore
+
+	// Weight is how many units of the Semaphore a call's lease holds; set
+	// without a Semaphore, it is an invalid Config. Defaults to 1 for
+	// every call.
+	Weight func(ctx context.Context, call Call) int64
+
+	// FailOpen lets calls through, without rate-limit headers, when the
+	// limiter's database fails or does not answer within the check
+	// timeout. Defaults to false: fail closed with connect.CodeUnavailable.
+	// Either way the error is logged.
+	FailOpen bool
+
+	// Shadow checks every call but denies none: would-be denials are
+	// logged (Warn) and counted with pgratelimit.shadow=true, and every
+	// call goes on to its handler without rate-limit headers, whatever the
+	// check says (also when it fails or the call has no key, logged too).
+	// Use it to roll a new limit out: shadow first, read the would-be
+	// denials, then enforce. Defaults to false: enforce.
+	Shadow bool
+
+	// CheckTimeout bounds each check, from taking a database connection to
+	// the answer: a check that takes longer fails closed
+	// (connect.CodeUnavailable) or open (FailOpen), so a database that
+	// accepts connections and never answers cannot hold calls. The call's
+	// own deadline still applies when it is sooner. A negative value sets
+	// no bound but the call's context. Defaults to DefaultCheckTimeout.
+	CheckTimeout time.Duration
+
+	// Logger receives database errors and, in shadow mode, the would-be
+	// denials. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
-// WithExempt lets the calls that exempt reports true for through unchecked:
-// no key, no check, no rate-limit headers, whatever the other options say,
-// in shadow mode too. ExemptProcedures makes one for health checks and
-// reflection. Defaults to none: every call is checked.
-func WithExempt(exempt func(ctx context.Context, call Call) bool) Option {
-	return func(o *options) { o.Exempt = exempt }
-}
-
-// ExemptProcedures returns a func for WithExempt that exempts the calls of
+// ExemptProcedures returns a Config.Exempt that exempts the calls of
 // names: procedures ("/package.Service/Method", the leading slash optional)
 // or whole services ("package.Service", each of its procedures). For the
 // standard health and reflection services (connectrpc.com/grpchealth and
@@ -184,91 +258,45 @@ func ExemptProcedures(names ...string) func(ctx context.Context, call Call) bool
 	return func(_ context.Context, call Call) bool { return match(call.Spec.Procedure) }
 }
 
-// WithCost sets how many tokens a call takes, by procedure for example.
-// Defaults to 1 for every call.
-func WithCost(f func(ctx context.Context, call Call) int64) Option {
-	return func(o *options) { o.Cost = f }
-}
-
-// WithFailOpen lets calls through, without rate-limit headers, when the
-// limiter's database fails or does not answer within the check timeout.
-// Without it the interceptor fails closed: connect.CodeUnavailable. Either
-// way the error is logged.
-func WithFailOpen() Option {
-	return func(o *options) { o.FailOpen = true }
-}
-
-// WithShadow checks every call but denies none: would-be denials are logged
-// (Warn) and counted with pgratelimit.shadow=true, and every call goes on to
-// its handler without rate-limit headers, whatever the check says (also
-// when it fails or the call has no key, logged too). Use it to roll a new
-// limit out: shadow first, read the would-be denials, then enforce.
-func WithShadow() Option {
-	return func(o *options) { o.Shadow = true }
-}
-
-// WithSemaphore makes each call (each stream, for as long as it is open)
-// hold a lease of weight units of sem for its key (the limiters' key) while
-// its handler runs: taken in the same pgratelimit.AllowAll as the
-// limiter's tokens (all or nothing), extended every TTL/3, released when
-// the handler returns, also when it panics. A call that finds no free units
-// is denied as the limiter denies one (connect.CodeResourceExhausted, with
-// the rate-limit headers: the semaphore's policy is "name";q=Max and
-// RateLimit reports it as "name";r=free). weight nil is 1 for every call.
-// The limiter given to the interceptor may then be nil: concurrency alone.
-// sem must use the limiter's pool.
-func WithSemaphore(sem *pgratelimit.Semaphore, weight func(ctx context.Context, call Call) int64) Option {
-	return func(o *options) {
-		o.Semaphore = sem
-		if weight != nil {
-			o.Weight = weight
-		}
-	}
-}
-
-// WithLogger sets the logger of database errors and, in shadow mode, of
-// would-be denials. Defaults to slog.Default().
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.Logger = l }
-}
-
-// WithCheckTimeout bounds each check, from taking a database connection to
-// the answer: a check that takes longer fails closed
-// (connect.CodeUnavailable) or open (WithFailOpen), so a database that
-// accepts connections and never answers cannot hold calls. The call's own
-// deadline still applies when it is sooner. Defaults to DefaultCheckTimeout;
-// zero keeps the default and a negative d sets no bound but the call's
-// context.
-func WithCheckTimeout(d time.Duration) Option {
-	return func(o *options) { o.CheckTimeout = d }
-}
-
 // NewInterceptor returns an interceptor that checks every call a handler
-// receives against l, unary calls and streams alike (streams once, when they
-// open), before it reaches the handler; on clients it does nothing. Give it
-// to a handler with connect.WithInterceptors. See the package doc for keys,
-// answers, failures and shadow mode.
-func NewInterceptor(l *pgratelimit.Limiter, opts ...Option) connect.Interceptor {
-	var limiters []*pgratelimit.Limiter
-	if l != nil {
-		limiters = []*pgratelimit.Limiter{l}
+// receives against limiters, all at once, in one pgratelimit.AllowAll,
+// unary calls and streams alike (streams once, when they open), before it
+// reaches the handler; on clients it does nothing. Config.Limiters, when
+// set, picks the limiters per call instead; with Config.Semaphore there may
+// be none (concurrency alone). Every limiter must use the same pool. Give
+// it to a handler with connect.WithInterceptors. See the package doc for
+// keys, answers, failures and shadow mode.
+//
+// A Config that cannot check anything (no limiter, no Config.Limiters, no
+// Config.Semaphore), a nil limiter, or a Weight without a Semaphore is an
+// error wrapping pgratelimit.ErrInvalidConfig: nothing is refused later,
+// at call time, for the Config's sake.
+func NewInterceptor(cfg Config, limiters ...*pgratelimit.Limiter) (connect.Interceptor, error) {
+	if cfg.KeyFunc == nil {
+		cfg.KeyFunc = KeyByPeer(IPKeyConfig{})
 	}
-	cfg := options{
-		Name:     "connectlimit",
-		Noun:     "call",
-		Attrs:    func(call Call) []any { return []any{"procedure", call.Spec.Procedure} },
-		Limiters: func(context.Context, Call, string) ([]*pgratelimit.Limiter, error) { return limiters, nil },
+	core, err := middleware.New(middleware.Config[Call]{
+		Name:         "connectlimit",
+		Noun:         "call",
+		Attrs:        func(call Call) []any { return []any{"procedure", call.Spec.Procedure} },
+		Key:          cfg.KeyFunc,
+		Limiters:     cfg.Limiters,
+		Cost:         cfg.Cost,
+		Exempt:       cfg.Exempt,
+		Semaphore:    cfg.Semaphore,
+		Weight:       cfg.Weight,
+		FailOpen:     cfg.FailOpen,
+		Shadow:       cfg.Shadow,
+		CheckTimeout: cfg.CheckTimeout,
+		Logger:       cfg.Logger,
 		// A call whose context ended gets CodeCanceled or
 		// CodeDeadlineExceeded.
 		ReportEnded: true,
+	}, limiters)
+	if err != nil {
+		return nil, err
 	}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.Key == nil {
-		cfg.Key = KeyByPeer(httplimit.IPKeyConfig{})
-	}
-	return &interceptor{core: middleware.New(cfg)}
+	return &interceptor{core: core}, nil
 }
 
 type interceptor struct {

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,7 +19,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/connectlimit"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
@@ -44,6 +41,17 @@ func modes(t *testing.T, f func(t *testing.T, disableCoalescing bool)) {
 			f(t, off)
 		})
 	}
+}
+
+// interceptor is NewInterceptor(cfg, limiters...), failing the test on an
+// error.
+func interceptor(t *testing.T, cfg connectlimit.Config, limiters ...*pgratelimit.Limiter) connect.Interceptor {
+	t.Helper()
+	in, err := connectlimit.NewInterceptor(cfg, limiters...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
 }
 
 func newLimiter(t *testing.T, pool *pgxpool.Pool, cfg pgratelimit.Config) *pgratelimit.Limiter {
@@ -189,7 +197,7 @@ func TestUnaryAndStream(t *testing.T) {
 		pool := testdb.Pool(t)
 		for _, protocol := range []string{"connect", "grpc", "grpcweb"} {
 			l := newLimiter(t, pool, pgratelimit.Config{Prefix: protocol, Capacity: 2, Refill: 1, Interval: 10 * time.Second, Clock: fixed, DisableCoalescing: off})
-			c := serve(t, protocol, connectlimit.NewInterceptor(l))
+			c := serve(t, protocol, interceptor(t, connectlimit.Config{}, l))
 			policy := `"` + protocol + `";q=2;w=20`
 
 			h, err := c.call()
@@ -221,9 +229,9 @@ func TestUnaryAndStream(t *testing.T) {
 	})
 }
 
-// WithCost weighs calls; KeyByHeader, KeyByProcedure and KeyByPeer with
-// trusted proxies key them as documented; a call without a key, or with a
-// cost above the capacity, is CodeInvalidArgument.
+// Cost weighs calls by procedure; KeyByHeader, KeyByProcedure and KeyByPeer
+// with trusted proxies key them as documented; a call without a key is
+// CodeInvalidArgument.
 func TestKeysAndCost(t *testing.T) {
 	t.Parallel()
 	l := newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: "k", Capacity: 5, Refill: 1, Interval: time.Hour, Clock: fixed})
@@ -235,17 +243,15 @@ func TestKeysAndCost(t *testing.T) {
 		}
 		return r.Remaining
 	}
-	in := func(opts ...connectlimit.Option) client {
-		return serve(t, "connect", connectlimit.NewInterceptor(l, opts...))
-	}
-	cost := connectlimit.WithCost(func(_ context.Context, call connectlimit.Call) int64 {
+	in := func(cfg connectlimit.Config) client { return serve(t, "connect", interceptor(t, cfg, l)) }
+	cost := func(_ context.Context, call connectlimit.Call) int64 {
 		if call.Spec.Procedure == echo {
 			return 2
 		}
 		return 1
-	})
+	}
 
-	c := in(connectlimit.WithKeyFunc(connectlimit.KeyByHeader("X-API-Key")), cost)
+	c := in(connectlimit.Config{KeyFunc: connectlimit.KeyByHeader("X-API-Key"), Cost: cost})
 	if _, err := c.call("X-API-Key", "secret"); err != nil {
 		t.Fatal(err)
 	}
@@ -257,26 +263,23 @@ func TestKeysAndCost(t *testing.T) {
 		t.Fatalf("no X-API-Key: %v", err)
 	}
 
-	if _, err := in(connectlimit.WithKeyFunc(connectlimit.KeyByProcedure())).stream(); err != nil {
+	if _, err := in(connectlimit.Config{KeyFunc: connectlimit.KeyByProcedure()}).stream(); err != nil {
 		t.Fatal(err)
 	}
 	if r := remaining("method:" + count); r != 4 {
 		t.Fatalf("procedure key: %d remaining, want 4", r)
 	}
 
-	trusted := httplimit.IPKeyConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	if _, err := in(connectlimit.WithKeyFunc(connectlimit.KeyByPeer(trusted))).call("X-Forwarded-For", "1.1.1.1, 198.51.100.7"); err != nil {
+	trusted := connectlimit.IPKeyConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	if _, err := in(connectlimit.Config{KeyFunc: connectlimit.KeyByPeer(trusted)}).call("X-Forwarded-For", "1.1.1.1, 198.51.100.7"); err != nil {
 		t.Fatal(err)
 	}
 	if r := remaining("ip:198.51.100.7"); r != 4 {
 		t.Fatalf("forwarded peer key: %d remaining, want 4", r)
 	}
 
-	if _, err := in(connectlimit.WithCost(func(context.Context, connectlimit.Call) int64 { return 6 })).call(); connect.CodeOf(err) != connect.CodeInvalidArgument {
-		t.Fatalf("cost above capacity: %v", err)
-	}
 	// The default key: the peer, trusting no proxy.
-	if _, err := in().call("X-Forwarded-For", "198.51.100.8"); err != nil {
+	if _, err := in(connectlimit.Config{}).call("X-Forwarded-For", "198.51.100.8"); err != nil {
 		t.Fatal(err)
 	}
 	if r := remaining("ip:127.0.0.1"); r != 4 {
@@ -284,190 +287,28 @@ func TestKeysAndCost(t *testing.T) {
 	}
 }
 
-// A database that fails (here: without the tables) fails calls closed with
-// CodeUnavailable, or open with WithFailOpen: the call goes through without
-// rate-limit headers. On a client the interceptor checks nothing.
-func TestFailClosedAndOpen(t *testing.T) {
-	modes(t, func(t *testing.T, off bool) {
-		broken := newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour, DisableCoalescing: off})
-		quiet := connectlimit.WithLogger(slog.New(slog.DiscardHandler))
-		c := serve(t, "connect", connectlimit.NewInterceptor(broken, quiet))
-		if _, err := c.call(); connect.CodeOf(err) != connect.CodeUnavailable {
-			t.Fatalf("fail closed: %v", err)
-		}
-		if _, err := c.stream(); connect.CodeOf(err) != connect.CodeUnavailable {
-			t.Fatalf("fail closed, stream: %v", err)
-		}
-		c = serve(t, "connect", connectlimit.NewInterceptor(broken, quiet, connectlimit.WithFailOpen()))
-		h, err := c.call()
-		if err != nil {
-			t.Fatalf("fail open: %v", err)
-		}
-		requireFields(t, h, nil)
-
-		// Clients with the interceptor (failing closed) calling a server
-		// without it: nothing is checked.
-		plain := serve(t, "connect")
-		ic := connect.WithInterceptors(connectlimit.NewInterceptor(broken, quiet))
-		c = client{
-			echo:  connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](plain.http, plain.url+echo, ic),
-			count: connect.NewClient[wrapperspb.Int64Value, wrapperspb.Int64Value](plain.http, plain.url+count, ic),
-		}
-		if _, err := c.call(); err != nil {
-			t.Fatalf("client with the interceptor: %v", err)
-		}
-		if _, err := c.stream(); err != nil {
-			t.Fatalf("streaming client with the interceptor: %v", err)
-		}
-	})
-}
-
-// records is a slog handler that keeps what it is given.
-type records struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (h *records) Enabled(context.Context, slog.Level) bool { return true }
-func (h *records) Handle(_ context.Context, r slog.Record) error {
-	s := r.Level.String() + " " + r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		s += " " + a.String()
-		return true
-	})
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.lines = append(h.lines, s)
-	return nil
-}
-func (h *records) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *records) WithGroup(string) slog.Handler      { return h }
-
-func (h *records) get() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.lines...)
-}
-
-// In shadow mode every call goes through without rate-limit headers; the
-// checks spend as enforced ones would, would-be denials are logged, and a
-// failing database denies nothing either.
-func TestShadow(t *testing.T) {
-	modes(t, func(t *testing.T, off bool) {
-		l := newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: "sh", Capacity: 1, Refill: 1, Interval: 10 * time.Second, Clock: fixed, DisableCoalescing: off})
-		logs := &records{}
-		c := serve(t, "connect", connectlimit.NewInterceptor(l, connectlimit.WithShadow(), connectlimit.WithLogger(slog.New(logs))))
-		for i := range 3 {
-			h, err := c.call()
-			if err != nil {
-				t.Fatalf("call %d in shadow mode: %v", i, err)
-			}
-			requireFields(t, h, nil)
-		}
-		h, err := c.stream()
-		if err != nil {
-			t.Fatalf("stream in shadow mode: %v", err)
-		}
-		requireFields(t, h, nil)
-		got := logs.get()
-		if len(got) != 3 {
-			t.Fatalf("logs %q, want 3 would-be denials", got)
-		}
-		for _, line := range got {
-			if !strings.HasPrefix(line, "WARN connectlimit: shadow: would deny procedure=/test.v1.Test/") ||
-				!strings.HasSuffix(line, " key=ip:127.0.0.1 prefix=sh retry_after=10s") {
-				t.Fatalf("log line %q", line)
-			}
-		}
-		// Enforced now: the first shadow call took the only token.
-		if _, err := serve(t, "connect", connectlimit.NewInterceptor(l)).call(); connect.CodeOf(err) != connect.CodeResourceExhausted {
-			t.Fatalf("enforced after shadow: %v", err)
-		}
-
-		broken := newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour, DisableCoalescing: off})
-		c = serve(t, "connect", connectlimit.NewInterceptor(broken, connectlimit.WithShadow(), connectlimit.WithLogger(slog.New(slog.DiscardHandler))))
-		if _, err := c.call(); err != nil {
-			t.Fatalf("shadow mode, failing database: %v", err)
-		}
-	})
-}
-
-// silentPool is a pool whose database accepts connections and never
-// answers: a server that hangs, or a firewall that swallows packets after the
-// handshake.
-func silentPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// A database that fails (here: without the tables) fails streams closed
+// with CodeUnavailable (the conformance suite has the unary calls'). On a
+// client the interceptor checks nothing.
+func TestFailClosedStreamAndClients(t *testing.T) {
+	t.Parallel()
+	broken := newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour})
+	in := interceptor(t, connectlimit.Config{Logger: slog.New(slog.DiscardHandler)}, broken)
+	if _, err := serve(t, "connect", in).stream(); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("fail closed, stream: %v", err)
 	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	cfg, err := pgxpool.ParseConfig("postgres://user@" + ln.Addr().String() + "/db?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
+	// Clients with the interceptor (failing closed) calling a server
+	// without it: nothing is checked.
+	plain := serve(t, "connect")
+	ic := connect.WithInterceptors(in)
+	c := client{
+		echo:  connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](plain.http, plain.url+echo, ic),
+		count: connect.NewClient[wrapperspb.Int64Value, wrapperspb.Int64Value](plain.http, plain.url+count, ic),
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := c.call(); err != nil {
+		t.Fatalf("client with the interceptor: %v", err)
 	}
-	t.Cleanup(pool.Close) // before the listener closes: cancels the connects
-	return pool
-}
-
-// Against a database that accepts connections and never answers, a call is
-// answered within the check timeout: CodeUnavailable failing closed, the
-// handler's answer failing open; and within DefaultCheckTimeout by default.
-func TestCheckTimeout(t *testing.T) {
-	modes(t, func(t *testing.T, off bool) {
-		l := newLimiter(t, silentPool(t), pgratelimit.Config{Prefix: "t", Capacity: 1, Refill: 1, Interval: time.Hour, DisableCoalescing: off})
-		quiet := connectlimit.WithLogger(slog.New(slog.DiscardHandler))
-		short := 200 * time.Millisecond
-		for _, tc := range []struct {
-			name  string
-			opts  []connectlimit.Option
-			bound time.Duration
-			code  connect.Code
-		}{
-			{"closed", []connectlimit.Option{quiet, connectlimit.WithCheckTimeout(short)}, short, connect.CodeUnavailable},
-			{"open", []connectlimit.Option{quiet, connectlimit.WithCheckTimeout(short), connectlimit.WithFailOpen()}, short, 0},
-			{"default", []connectlimit.Option{quiet}, connectlimit.DefaultCheckTimeout, connect.CodeUnavailable},
-		} {
-			c := serve(t, "connect", connectlimit.NewInterceptor(l, tc.opts...))
-			// The client's own deadline is only a failsafe, far past the
-			// bound: the server must answer first.
-			ctx, cancel := context.WithTimeout(context.Background(), tc.bound+10*time.Second)
-			start := time.Now()
-			_, err := c.echo.CallUnary(ctx, connect.NewRequest(wrapperspb.String("hi")))
-			took := time.Since(start)
-			cancel()
-			if code := connect.CodeOf(err); (err == nil) != (tc.code == 0) || (err != nil && code != tc.code) {
-				t.Fatalf("%s: %v, want %s", tc.name, err, tc.code)
-			}
-			// The bound, and a moment for the answer (more under -race on
-			// a busy machine).
-			if took < tc.bound || took > tc.bound+time.Second {
-				t.Fatalf("%s: answered in %s, bound %s", tc.name, took, tc.bound)
-			}
-		}
-	})
+	if _, err := c.stream(); err != nil {
+		t.Fatalf("streaming client with the interceptor: %v", err)
+	}
 }

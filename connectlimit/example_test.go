@@ -35,10 +35,13 @@ func ExampleNewInterceptor() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	limit := connectlimit.NewInterceptor(l,
-		connectlimit.WithKeyFunc(connectlimit.KeyByHeader("X-API-Key")),
-		connectlimit.WithCheckTimeout(500*time.Millisecond),
-	)
+	limit, err := connectlimit.NewInterceptor(connectlimit.Config{
+		KeyFunc:      connectlimit.KeyByHeader("X-API-Key"),
+		CheckTimeout: 500 * time.Millisecond,
+	}, l)
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	const procedure = "/echo.v1.EchoService/Echo"
 	mux.Handle(procedure, connect.NewUnaryHandler(procedure,
@@ -53,7 +56,7 @@ func ExampleNewInterceptor() {
 // A new limit rolled out in shadow mode: calls are checked and would-be
 // denials logged and counted (pgratelimit.checks with
 // pgratelimit.shadow=true), and nothing is denied.
-func ExampleWithShadow() {
+func ExampleConfig_shadow() {
 	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
@@ -62,7 +65,10 @@ func ExampleWithShadow() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	limit := connectlimit.NewInterceptor(l, connectlimit.WithShadow())
+	limit, err := connectlimit.NewInterceptor(connectlimit.Config{Shadow: true}, l)
+	if err != nil {
+		log.Fatal(err)
+	}
 	_ = connect.WithInterceptors(limit) // give it to the handlers
 }
 
@@ -87,8 +93,12 @@ func Example_readme() {
 	echo := func(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
 		return connect.NewResponse(req.Msg), nil
 	}
-	limit := connectlimit.NewInterceptor(limiter,
-		connectlimit.WithExempt(connectlimit.ExemptProcedures("grpc.health.v1.Health")))
+	limit, err := connectlimit.NewInterceptor(connectlimit.Config{
+		Exempt: connectlimit.ExemptProcedures("grpc.health.v1.Health"),
+	}, limiter)
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux() // a generated handler: mux.Handle(echov1connect.NewEchoServiceHandler(svc, connect.WithInterceptors(limit)))
 	mux.Handle(procedure, connect.NewUnaryHandler(procedure, echo, connect.WithInterceptors(limit)))
 	srv := httptest.NewServer(mux)

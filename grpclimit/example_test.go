@@ -22,13 +22,12 @@ import (
 	"github.com/pgratelimit/pgratelimit/grpclimit"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 // A gRPC server whose unary calls and streams are limited per client
 // address: bursts of 20, then 10 a second. Behind a load balancer at
 // 10.0.0.0/8, the client is read from x-forwarded-for.
-func ExampleUnaryServerInterceptor() {
+func ExampleNewInterceptor() {
 	ctx := context.Background()
 	// connect_timeout bounds a connection attempt; the interceptors bound
 	// each check (DefaultCheckTimeout) whatever the pool does.
@@ -41,16 +40,16 @@ func ExampleUnaryServerInterceptor() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	opts := []grpclimit.Option{
-		grpclimit.WithKeyFunc(grpclimit.KeyByPeer(httplimit.IPKeyConfig{
+	limit, err := grpclimit.NewInterceptor(grpclimit.Config{
+		KeyFunc: grpclimit.KeyByPeer(grpclimit.IPKeyConfig{
 			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-		})),
-		grpclimit.WithCheckTimeout(500 * time.Millisecond),
+		}),
+		CheckTimeout: 500 * time.Millisecond,
+	}, l)
+	if err != nil {
+		log.Fatal(err)
 	}
-	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(grpclimit.UnaryServerInterceptor(l, opts...)),
-		grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(l, opts...)),
-	)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(limit.Unary), grpc.ChainStreamInterceptor(limit.Stream))
 	// Register your services on srv here.
 	ln, err := net.Listen("tcp", ":50051")
 	if err != nil {
@@ -62,7 +61,7 @@ func ExampleUnaryServerInterceptor() {
 // Streams weighed by method, keyed by an API key from the metadata, in
 // shadow mode while the limit is new: nothing is denied, would-be denials
 // are logged and counted (pgratelimit.checks with pgratelimit.shadow=true).
-func ExampleStreamServerInterceptor() {
+func ExampleConfig_shadow() {
 	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
@@ -71,16 +70,20 @@ func ExampleStreamServerInterceptor() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.ChainStreamInterceptor(grpclimit.StreamServerInterceptor(l,
-		grpclimit.WithKeyFunc(grpclimit.KeyByMetadata("x-api-key")),
-		grpclimit.WithCost(func(_ context.Context, method string) int64 {
+	limit, err := grpclimit.NewInterceptor(grpclimit.Config{
+		KeyFunc: grpclimit.KeyByMetadata("x-api-key"),
+		Cost: func(_ context.Context, method string) int64 {
 			if method == "/exports.v1.Exports/ExportAll" {
 				return 5
 			}
 			return 1
-		}),
-		grpclimit.WithShadow(),
-	)))
+		},
+		Shadow: true,
+	}, l)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainStreamInterceptor(limit.Stream))
 	_ = srv // register services and serve
 }
 
@@ -96,7 +99,10 @@ func ExampleMiddlewareLimiter() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	limiter := grpclimit.MiddlewareLimiter(l, grpclimit.WithFailOpen())
+	limiter, err := grpclimit.MiddlewareLimiter(grpclimit.Config{FailOpen: true}, l)
+	if err != nil {
+		log.Fatal(err)
+	}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(limiter)),
 		grpc.ChainStreamInterceptor(ratelimit.StreamServerInterceptor(limiter)),
@@ -121,11 +127,13 @@ func Example_readme() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	opts := []grpclimit.Option{grpclimit.WithExempt(grpclimit.ExemptMethods("grpc.reflection.v1.ServerReflection"))}
-	srv := grpc.NewServer(
-		grpc.UnaryInterceptor(grpclimit.UnaryServerInterceptor(limiter, opts...)),
-		grpc.StreamInterceptor(grpclimit.StreamServerInterceptor(limiter, opts...)),
-	)
+	limit, err := grpclimit.NewInterceptor(grpclimit.Config{
+		Exempt: grpclimit.ExemptMethods("grpc.reflection.v1.ServerReflection"),
+	}, limiter)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(limit.Unary), grpc.StreamInterceptor(limit.Stream))
 	healthpb.RegisterHealthServer(srv, health.NewServer()) // your services here
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,19 +1,26 @@
-// Package grpclimit rate-limits gRPC servers with a pgratelimit.Limiter:
-// unary and streaming server interceptors, and an adapter for the chain of
-// go-grpc-middleware v2 (its interceptors/ratelimit package).
+// Package grpclimit rate-limits gRPC servers with pgratelimit limiters:
+// unary and streaming server interceptors (NewInterceptor's Unary and
+// Stream), and an adapter for the chain of go-grpc-middleware v2 (its
+// interceptors/ratelimit package).
+//
+// NewInterceptor(cfg, limiters...) builds them; Config's zero value checks
+// every call against the limiters given, keyed by the peer's address.
+// httplimit and connectlimit take a Config with the same fields, and answer
+// alike.
 //
 // It is a module of its own, so that services importing only the library
 // never download gRPC.
 //
 // # Calls and keys
 //
-// Each call is one check of the Limiter (a stream is checked once, when it
-// opens; its messages are not counted) of the call's key and cost. The key
-// is the peer's IP address by default (KeyByPeer with no trusted proxy, in
+// Each call is one check of the limiters, all at once (a stream is checked
+// once, when it opens; its messages are not counted), of the call's key and
+// cost; Config.Limiters picks the limiters per call (a plan). The key is the
+// peer's IP address by default (KeyByPeer with no trusted proxy, in
 // httplimit's format "ip:ADDRESS", so a client shares its bucket with its
 // HTTP requests), or the method (KeyByMethod), an API key from the metadata
 // (KeyByMetadata, hashed), or any KeyFunc of the context and the method. The
-// cost is 1 unless WithCost says otherwise.
+// cost is 1 unless Config.Cost says otherwise.
 //
 // # Answers
 //
@@ -27,25 +34,25 @@
 // A denied call ends with codes.ResourceExhausted, a google.rpc.RetryInfo
 // detail (errdetails.RetryInfo) whose RetryDelay is the exact wait
 // (Result.RetryAfter), and the same header metadata plus "retry-after" in
-// whole seconds, rounded up. A call without a key, or with an invalid key or
-// cost, ends with codes.InvalidArgument.
+// whole seconds, rounded up. A call without a key, whose Config.Limiters
+// fails, or with an invalid key or cost, ends with codes.InvalidArgument.
 //
 // # Exemptions
 //
-// WithExempt lets calls through unchecked: a call it says is exempt is not
+// Config.Exempt lets calls through unchecked: a call it says is exempt is not
 // keyed, costs nothing, never reaches the limiter and gets no rate-limit
 // metadata, in shadow mode too. ExemptMethods exempts methods or whole
 // services by name, such as health checks and reflection:
 //
-//	grpclimit.WithExempt(grpclimit.ExemptMethods("grpc.health.v1.Health",
-//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"))
+//	grpclimit.Config{Exempt: grpclimit.ExemptMethods("grpc.health.v1.Health",
+//		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")}
 //
 // # Concurrency
 //
-// WithSemaphore makes each call, or each stream for as long as it is open,
+// Config.Semaphore makes each call, or each stream for as long as it is open,
 // hold a lease of a pgratelimit.Semaphore for its key while its handler
 // runs: "at most 5 calls in flight per client". The lease is taken with the
-// limiter's tokens, all or nothing, extended every TTL/3 and released when
+// limiters' tokens, all or nothing, extended every TTL/3 and released when
 // the handler returns (also when it panics). A call that finds no free
 // units ends with codes.ResourceExhausted and the same fields; exempt
 // calls take no lease.
@@ -54,16 +61,16 @@
 //
 // When the database fails, the interceptors fail closed with
 // codes.Unavailable by default, or open (the call goes on, without
-// rate-limit metadata) with WithFailOpen; either way the error is logged.
-// Each check is bounded by WithCheckTimeout (DefaultCheckTimeout unless
-// set), so a database that accepts connections and never answers costs a
+// rate-limit metadata) with Config.FailOpen; either way the error is
+// logged. Each check is bounded by Config.CheckTimeout (DefaultCheckTimeout
+// unless set), so a database that accepts connections and never answers costs a
 // call at most that long. A call whose own context ends during the check
 // ends with that context's status (codes.Canceled or
 // codes.DeadlineExceeded).
 //
 // # Shadow mode
 //
-// WithShadow rolls a limit out without enforcing it: every call is checked
+// Config.Shadow rolls a limit out without enforcing it: every call is checked
 // (an allowed check takes its tokens, a would-be denial writes nothing),
 // would-be denials are logged at Warn with the key, the limiter's prefix and
 // the retry delay, and counted with pgratelimit.shadow=true (see
@@ -76,6 +83,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/ratelimit"
@@ -89,7 +97,6 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 // KeyFunc returns the rate-limit key of a call to fullMethod
@@ -103,21 +110,38 @@ type KeyFunc func(ctx context.Context, fullMethod string) (string, error)
 // key it by (no peer address, no such metadata).
 var ErrNoKey = errors.New("grpclimit: no rate-limit key in call")
 
-// KeyByPeer keys calls by the client's IP address as httplimit.KeyByIP does,
-// from the peer's address (peer.FromContext) and, when the peer is one of
-// cfg.TrustedProxies, the x-forwarded-for metadata: "ip:ADDRESS", or
+// IPKeyConfig configures KeyByPeer, as httplimit.IPKeyConfig configures
+// httplimit.KeyByIP: a client has the same key over HTTP and gRPC.
+type IPKeyConfig struct {
+	// TrustedProxies are the networks of your own proxies and load
+	// balancers. The x-forwarded-for metadata is believed only when the
+	// peer is in one of them, and then read from the right, skipping
+	// trusted hops: the first untrusted address is the client. Defaults to
+	// none: the peer is the client.
+	TrustedProxies []netip.Prefix
+
+	// IPv6Prefix, when in 1..127, keys IPv6 clients by their network of
+	// this many bits (64 groups a /64) instead of by address. Defaults to
+	// 0: the whole address.
+	IPv6Prefix int
+}
+
+// KeyByPeer keys calls by the client's IP address as httplimit.KeyByIP
+// does, from the peer's address (peer.FromContext) and, when the peer is
+// one of cfg.TrustedProxies, the x-forwarded-for metadata: "ip:ADDRESS", or
 // "ip:NETWORK/BITS" with cfg.IPv6Prefix. A peer that is not an IP address
 // (a Unix socket) gets ErrNoKey.
-func KeyByPeer(cfg httplimit.IPKeyConfig) KeyFunc {
+func KeyByPeer(cfg IPKeyConfig) KeyFunc {
+	c := middleware.IPKeyConfig(cfg)
 	return func(ctx context.Context, _ string) (string, error) {
 		p, ok := peer.FromContext(ctx)
 		if !ok || p.Addr == nil {
 			return "", fmt.Errorf("%w: no peer", ErrNoKey)
 		}
 		md, _ := metadata.FromIncomingContext(ctx)
-		key, err := cfg.Key(p.Addr.String(), md.Get("x-forwarded-for"))
+		key, err := c.Key(p.Addr.String(), md.Get("x-forwarded-for"))
 		if err != nil {
-			return "", fmt.Errorf("%w: peer address %q", ErrNoKey, p.Addr.String())
+			return "", fmt.Errorf("%w: %v", ErrNoKey, err)
 		}
 		return key, nil
 	}
@@ -148,35 +172,85 @@ func KeyByMetadata(name string) KeyFunc {
 	}
 }
 
-// DefaultCheckTimeout is the bound on each check unless WithCheckTimeout
-// sets another: far above a healthy check (a millisecond or a few), well
-// below the deadlines of most clients.
+// DefaultCheckTimeout is the bound on each check when Config.CheckTimeout
+// is zero: far above a healthy check (a millisecond or a few), well below
+// the deadlines of most clients.
 const DefaultCheckTimeout = middleware.DefaultCheckTimeout
 
-// An Option configures the interceptors.
-type Option func(*options)
+// Config configures NewInterceptor and MiddlewareLimiter. Its zero value
+// checks every call against the limiters given, keyed by the peer's
+// address. The funcs are called with the call's context and full method
+// ("/package.Service/Method").
+type Config struct {
+	// KeyFunc picks the bucket of a call. Defaults to
+	// KeyByPeer(IPKeyConfig{}): the direct peer's address, trusting no
+	// proxy.
+	KeyFunc KeyFunc
 
-// options are the core's, for calls named by their full method.
-type options = middleware.Config[string]
+	// Limiters, when set, picks the limiters a call is checked against,
+	// given its key (e.g. a plan looked up from the API key), all charged
+	// at once, in place of those given to NewInterceptor. An error ends
+	// the call with codes.InvalidArgument, as a KeyFunc error does.
+	// Defaults to nil: the limiters given.
+	Limiters func(ctx context.Context, fullMethod, key string) ([]*pgratelimit.Limiter, error)
 
-// WithKeyFunc sets how a call's key is found. Defaults to
-// KeyByPeer(httplimit.IPKeyConfig{}): the direct peer's address, trusting no
-// proxy.
-func WithKeyFunc(f KeyFunc) Option {
-	return func(o *options) { o.Key = f }
+	// Cost is how many tokens a call takes of each limiter, by method for
+	// example. Defaults to 1 for every call.
+	Cost func(ctx context.Context, fullMethod string) int64
+
+	// Exempt, when it returns true, lets a call through unchecked: no key,
+	// no check, no rate-limit metadata, whatever the other fields say, in
+	// shadow mode too. ExemptMethods makes one for health checks and
+	// reflection. Defaults to nil: every call is checked.
+	Exempt func(ctx context.Context, fullMethod string) bool
+
+	// Semaphore, when set, makes each call (each stream, for as long as it
+	// is open) hold a lease of its key (the limiters' key) while its
+	// handler runs: taken in the same pgratelimit.AllowAll as the
+	// limiters' tokens (all or nothing), extended every TTL/3, released
+	// when the handler returns, also when it panics. A call that finds no
+	// free units is denied as the limiters deny one
+	// (codes.ResourceExhausted, with the rate-limit metadata: the
+	// semaphore's policy is "name";q=Max and RateLimit reports it as
+	// "name";r=free). It must use the limiters' pool. MiddlewareLimiter
+	// refuses it: its chain cannot hold a lease. Defaults to nil: no lease.
+	Semaphore *pgratelimit.Semaphore
+
+	// Weight is how many units of the Semaphore a call's lease holds; set
+	// without a Semaphore, it is an invalid Config. Defaults to 1 for
+	// every call.
+	Weight func(ctx context.Context, fullMethod string) int64
+
+	// FailOpen lets calls through, without rate-limit metadata, when the
+	// limiter's database fails or does not answer within the check
+	// timeout. Defaults to false: fail closed with codes.Unavailable.
+	// Either way the error is logged.
+	FailOpen bool
+
+	// Shadow checks every call but denies none: would-be denials are
+	// logged (Warn) and counted with pgratelimit.shadow=true, and every
+	// call goes on to its handler without rate-limit metadata, whatever the
+	// check says (also when it fails or the call has no key, logged too).
+	// Use it to roll a new limit out: shadow first, read the would-be
+	// denials, then enforce. Defaults to false: enforce.
+	Shadow bool
+
+	// CheckTimeout bounds each check, from taking a database connection to
+	// the answer: a check that takes longer fails closed
+	// (codes.Unavailable) or open (FailOpen), so a database that accepts
+	// connections and never answers cannot hold calls. The call's own
+	// deadline still applies when it is sooner. A negative value sets no
+	// bound but the call's context. Defaults to DefaultCheckTimeout.
+	CheckTimeout time.Duration
+
+	// Logger receives database errors and, in shadow mode, the would-be
+	// denials. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
-// WithExempt lets the calls that exempt reports true for through unchecked:
-// no key, no check, no rate-limit metadata, whatever the other options say,
-// in shadow mode too. ExemptMethods makes one for health checks and
-// reflection. Defaults to none: every call is checked.
-func WithExempt(exempt func(ctx context.Context, fullMethod string) bool) Option {
-	return func(o *options) { o.Exempt = exempt }
-}
-
-// ExemptMethods returns a func for WithExempt that exempts the calls of
-// names: methods ("/package.Service/Method", the leading slash optional) or
-// whole services ("package.Service", each of its methods). For the standard
+// ExemptMethods returns a Config.Exempt that exempts the calls of names:
+// methods ("/package.Service/Method", the leading slash optional) or whole
+// services ("package.Service", each of its methods). For the standard
 // health and reflection services:
 //
 //	grpclimit.ExemptMethods("grpc.health.v1.Health",
@@ -186,96 +260,62 @@ func ExemptMethods(names ...string) func(ctx context.Context, fullMethod string)
 	return func(_ context.Context, fullMethod string) bool { return match(fullMethod) }
 }
 
-// WithCost sets how many tokens a call takes, by method for example.
-// Defaults to 1 for every call.
-func WithCost(f func(ctx context.Context, fullMethod string) int64) Option {
-	return func(o *options) { o.Cost = f }
-}
-
-// WithFailOpen lets calls through, without rate-limit metadata, when the
-// limiter's database fails or does not answer within the check timeout.
-// Without it the interceptors fail closed: codes.Unavailable. Either way the
-// error is logged.
-func WithFailOpen() Option {
-	return func(o *options) { o.FailOpen = true }
-}
-
-// WithShadow checks every call but denies none: would-be denials are logged
-// (Warn) and counted with pgratelimit.shadow=true, and every call goes on to
-// its handler without rate-limit metadata, whatever the check says (also
-// when it fails or the call has no key, logged too). Use it to roll a new
-// limit out: shadow first, read the would-be denials, then enforce.
-func WithShadow() Option {
-	return func(o *options) { o.Shadow = true }
-}
-
-// WithSemaphore makes each call (each stream, for as long as it is open)
-// hold a lease of weight units of sem for its key (the limiters' key) while
-// its handler runs: taken in the same pgratelimit.AllowAll as the
-// limiter's tokens (all or nothing), extended every TTL/3, released when
-// the handler returns, also when it panics. A call that finds no free units
-// is denied as the limiter denies one (codes.ResourceExhausted, with the
-// rate-limit metadata: the semaphore's policy is "name";q=Max and
-// RateLimit reports it as "name";r=free). weight nil is 1 for every call.
-// The limiter given to the interceptor may then be nil: concurrency alone.
-// sem must use the limiter's pool.
-func WithSemaphore(sem *pgratelimit.Semaphore, weight func(ctx context.Context, fullMethod string) int64) Option {
-	return func(o *options) {
-		o.Semaphore = sem
-		if weight != nil {
-			o.Weight = weight
-		}
+// core is the middleware core of cfg and limiters, for calls named by
+// their full method.
+func (cfg Config) core(limiters []*pgratelimit.Limiter) (*middleware.Core[string], error) {
+	if cfg.KeyFunc == nil {
+		cfg.KeyFunc = KeyByPeer(IPKeyConfig{})
 	}
-}
-
-// WithLogger sets the logger of database errors and, in shadow mode, of
-// would-be denials. Defaults to slog.Default().
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.Logger = l }
-}
-
-// WithCheckTimeout bounds each check, from taking a database connection to
-// the answer: a check that takes longer fails closed (codes.Unavailable) or
-// open (WithFailOpen), so a database that accepts connections and never
-// answers cannot hold calls. The call's own deadline still applies when it
-// is sooner. Defaults to DefaultCheckTimeout; zero keeps the default and a
-// negative d sets no bound but the call's context.
-func WithCheckTimeout(d time.Duration) Option {
-	return func(o *options) { o.CheckTimeout = d }
-}
-
-// checker checks calls against one limiter with the options.
-type checker struct {
-	core *middleware.Core[string] // of full method names
-}
-
-func newChecker(l *pgratelimit.Limiter, opts []Option) *checker {
-	var limiters []*pgratelimit.Limiter
-	if l != nil {
-		limiters = []*pgratelimit.Limiter{l}
-	}
-	cfg := options{
-		Name:     "grpclimit",
-		Noun:     "call",
-		Attrs:    func(fullMethod string) []any { return []any{"method", fullMethod} },
-		Limiters: func(context.Context, string, string) ([]*pgratelimit.Limiter, error) { return limiters, nil },
+	return middleware.New(middleware.Config[string]{
+		Name:         "grpclimit",
+		Noun:         "call",
+		Attrs:        func(fullMethod string) []any { return []any{"method", fullMethod} },
+		Key:          cfg.KeyFunc,
+		Limiters:     cfg.Limiters,
+		Cost:         cfg.Cost,
+		Exempt:       cfg.Exempt,
+		Semaphore:    cfg.Semaphore,
+		Weight:       cfg.Weight,
+		FailOpen:     cfg.FailOpen,
+		Shadow:       cfg.Shadow,
+		CheckTimeout: cfg.CheckTimeout,
+		Logger:       cfg.Logger,
 		// A call whose context ended gets that context's status.
 		ReportEnded: true,
+	}, limiters)
+}
+
+// Interceptor checks the calls of a gRPC server: give its Unary and Stream
+// to grpc.ChainUnaryInterceptor and grpc.ChainStreamInterceptor. Make it
+// with NewInterceptor. It is safe for concurrent use.
+type Interceptor struct {
+	core *middleware.Core[string]
+}
+
+// NewInterceptor returns an Interceptor that checks every call against
+// limiters, all at once, in one pgratelimit.AllowAll, before it reaches its
+// handler (a stream once, when it opens). Config.Limiters, when set, picks
+// the limiters per call instead; with Config.Semaphore there may be none
+// (concurrency alone). Every limiter must use the same pool. See the
+// package doc for keys, answers, failures and shadow mode.
+//
+// A Config that cannot check anything (no limiter, no Config.Limiters, no
+// Config.Semaphore), a nil limiter, or a Weight without a Semaphore is an
+// error wrapping pgratelimit.ErrInvalidConfig: nothing is refused later,
+// at call time, for the Config's sake.
+func NewInterceptor(cfg Config, limiters ...*pgratelimit.Limiter) (*Interceptor, error) {
+	core, err := cfg.core(limiters)
+	if err != nil {
+		return nil, err
 	}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if cfg.Key == nil {
-		cfg.Key = KeyByPeer(httplimit.IPKeyConfig{})
-	}
-	return &checker{core: middleware.New(cfg)}
+	return &Interceptor{core: core}, nil
 }
 
 // check checks a call to fullMethod. It returns the header metadata to send
 // (nil for none), the func to call when the call has ended (never nil) and,
 // when the call must not go on, its status error.
-func (c *checker) check(ctx context.Context, fullMethod string) (metadata.MD, func(), error) {
-	d, release := c.core.Check(ctx, fullMethod)
+func (in *Interceptor) check(ctx context.Context, fullMethod string) (metadata.MD, func(), error) {
+	d, release := in.core.Check(ctx, fullMethod)
 	md, err := answer(d)
 	return md, release, err
 }
@@ -302,74 +342,73 @@ func answer(d middleware.Decision) (metadata.MD, error) {
 	}
 }
 
-// UnaryServerInterceptor returns a unary server interceptor that checks
-// every call against l before it reaches its handler. See the package doc
-// for keys, answers, failures and shadow mode.
-func UnaryServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.UnaryServerInterceptor {
-	c := newChecker(l, opts)
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		md, release, err := c.check(ctx, info.FullMethod)
-		defer release()
-		if md != nil {
-			// Fails only outside a server's call (no stream in ctx), when
-			// there is no one to send it to.
-			_ = grpc.SetHeader(ctx, md)
-		}
-		if err != nil {
-			return nil, err
-		}
-		return handler(ctx, req)
+// Unary is a grpc.UnaryServerInterceptor: it checks a call before its
+// handler, and holds its lease (Config.Semaphore) while the handler runs.
+func (in *Interceptor) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, release, err := in.check(ctx, info.FullMethod)
+	defer release()
+	if md != nil {
+		// Fails only outside a server's call (no stream in ctx), when
+		// there is no one to send it to.
+		_ = grpc.SetHeader(ctx, md)
 	}
-}
-
-// StreamServerInterceptor returns a stream server interceptor that checks
-// every stream against l when it opens, before it reaches its handler; the
-// stream's messages are not checked. See the package doc for keys, answers,
-// failures and shadow mode.
-func StreamServerInterceptor(l *pgratelimit.Limiter, opts ...Option) grpc.StreamServerInterceptor {
-	c := newChecker(l, opts)
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		md, release, err := c.check(ss.Context(), info.FullMethod)
-		defer release()
-		if md != nil {
-			_ = ss.SetHeader(md)
-		}
-		if err != nil {
-			return err
-		}
-		return handler(srv, ss)
+	if err != nil {
+		return nil, err
 	}
+	return handler(ctx, req)
 }
 
-// MiddlewareLimiter returns l as the Limiter of go-grpc-middleware v2's
-// interceptors/ratelimit, for teams that build their chain from it:
-//
-//	grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(grpclimit.MiddlewareLimiter(l)))
-//
-// Its Limit checks a call as the interceptors of this package do, finding
-// the method with grpc.Method, and sends the same header metadata. The
-// chain turns every error Limit returns into codes.ResourceExhausted with a
-// message of its own that quotes ours ("retry after 3s"): the RetryInfo
-// detail is lost, and so is the difference between a denial and a database
-// failure (fail closed) or a call without a key. Prefer this package's
-// interceptors where that matters. For server interceptors only: a client's
-// context has no peer and no server stream.
-//
-// The chain cannot hold anything for a call's duration: WithSemaphore is
-// ignored here (use this package's interceptors for leases).
-func MiddlewareLimiter(l *pgratelimit.Limiter, opts ...Option) ratelimit.Limiter {
-	opts = append(opts[:len(opts):len(opts)], func(o *options) { o.Semaphore = nil })
-	return middlewareLimiter{newChecker(l, opts)}
+// Stream is a grpc.StreamServerInterceptor: it checks a stream when it
+// opens, before its handler, and holds its lease (Config.Semaphore) for as
+// long as the stream is open; the stream's messages are not checked.
+func (in *Interceptor) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	md, release, err := in.check(ss.Context(), info.FullMethod)
+	defer release()
+	if md != nil {
+		_ = ss.SetHeader(md)
+	}
+	if err != nil {
+		return err
+	}
+	return handler(srv, ss)
 }
 
-type middlewareLimiter struct{ c *checker }
+// MiddlewareLimiter returns the Limiter of go-grpc-middleware v2's
+// interceptors/ratelimit for cfg and limiters, for teams that build their
+// chain from it:
+//
+//	grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(limiter))
+//
+// Its Limit checks a call as an Interceptor does, finding the method with
+// grpc.Method, and sends the same header metadata. The chain turns every
+// error Limit returns into codes.ResourceExhausted with a message of its
+// own that quotes ours ("retry after 3s"): the RetryInfo detail is lost,
+// and so is the difference between a denial and a database failure (fail
+// closed) or a call without a key. Prefer NewInterceptor where that
+// matters. For server interceptors only: a client's context has no peer
+// and no server stream.
+//
+// The chain cannot hold anything for a call's duration: a Config with a
+// Semaphore is refused (pgratelimit.ErrInvalidConfig), as NewInterceptor
+// refuses the Configs it refuses.
+func MiddlewareLimiter(cfg Config, limiters ...*pgratelimit.Limiter) (ratelimit.Limiter, error) {
+	if cfg.Semaphore != nil {
+		return nil, fmt.Errorf("%w: grpclimit: MiddlewareLimiter cannot hold a lease for a call: Config.Semaphore needs NewInterceptor", pgratelimit.ErrInvalidConfig)
+	}
+	in, err := NewInterceptor(cfg, limiters...)
+	if err != nil {
+		return nil, err
+	}
+	return middlewareLimiter{in}, nil
+}
+
+type middlewareLimiter struct{ in *Interceptor }
 
 // Limit checks the call of ctx; a non-nil error denies it.
 func (m middlewareLimiter) Limit(ctx context.Context) error {
 	method, _ := grpc.Method(ctx)
-	md, release, err := m.c.check(ctx, method)
-	// The chain calls Limit before the handler and nothing after it: a
-	// check cannot hold anything for the call's duration here.
+	md, release, err := m.in.check(ctx, method)
+	// No lease was taken (no Semaphore): there is nothing to hold.
 	release()
 	if md != nil {
 		_ = grpc.SetHeader(ctx, md)

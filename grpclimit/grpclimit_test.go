@@ -2,11 +2,10 @@ package grpclimit_test
 
 import (
 	"context"
-	"log/slog"
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +23,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/grpclimit"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
@@ -78,11 +76,15 @@ func serve(t *testing.T, opts ...grpc.ServerOption) healthpb.HealthClient {
 	return healthpb.NewHealthClient(conn)
 }
 
-func withBoth(l *pgratelimit.Limiter, opts ...grpclimit.Option) []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.UnaryInterceptor(grpclimit.UnaryServerInterceptor(l, opts...)),
-		grpc.StreamInterceptor(grpclimit.StreamServerInterceptor(l, opts...)),
+// withBoth is the server options of an Interceptor of cfg and l, for unary
+// calls and streams.
+func withBoth(t *testing.T, l *pgratelimit.Limiter, cfg grpclimit.Config) []grpc.ServerOption {
+	t.Helper()
+	limit, err := grpclimit.NewInterceptor(cfg, l)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return []grpc.ServerOption{grpc.UnaryInterceptor(limit.Unary), grpc.StreamInterceptor(limit.Stream)}
 }
 
 // check makes a unary call and returns its header metadata and error.
@@ -128,7 +130,7 @@ func retryDelay(t *testing.T, err error) time.Duration {
 func TestUnaryAndStream(t *testing.T) {
 	modes(t, func(t *testing.T, off bool) {
 		l := newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: "g", Capacity: 2, Refill: 1, Interval: 10 * time.Second, Clock: fixed, DisableCoalescing: off})
-		c := serve(t, withBoth(l)...)
+		c := serve(t, withBoth(t, l, grpclimit.Config{})...)
 		policy := `"g";q=2;w=20`
 
 		h, err := check(c)
@@ -180,9 +182,9 @@ func TestUnaryAndStream(t *testing.T) {
 	})
 }
 
-// WithCost weighs calls; KeyByMetadata, KeyByMethod and KeyByPeer with
-// trusted proxies key them as documented; a call without a key, or with a
-// cost above the capacity, is InvalidArgument.
+// Cost weighs calls by method; KeyByMetadata, KeyByMethod and KeyByPeer
+// with trusted proxies key them as documented; a call without a key is
+// InvalidArgument.
 func TestKeysAndCost(t *testing.T) {
 	t.Parallel()
 	pool := testdb.Pool(t)
@@ -195,14 +197,14 @@ func TestKeysAndCost(t *testing.T) {
 		}
 		return r.Remaining
 	}
-	cost := grpclimit.WithCost(func(_ context.Context, method string) int64 {
+	cost := func(_ context.Context, method string) int64 {
 		if method == healthpb.Health_Check_FullMethodName {
 			return 2
 		}
 		return 1
-	})
+	}
 
-	c := serve(t, withBoth(l, grpclimit.WithKeyFunc(grpclimit.KeyByMetadata("x-api-key")), cost)...)
+	c := serve(t, withBoth(t, l, grpclimit.Config{KeyFunc: grpclimit.KeyByMetadata("x-api-key"), Cost: cost})...)
 	if _, err := check(c, "x-api-key", "secret"); err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +216,7 @@ func TestKeysAndCost(t *testing.T) {
 		t.Fatalf("no x-api-key: %v", err)
 	}
 
-	c = serve(t, withBoth(l, grpclimit.WithKeyFunc(grpclimit.KeyByMethod()))...)
+	c = serve(t, withBoth(t, l, grpclimit.Config{KeyFunc: grpclimit.KeyByMethod()})...)
 	if _, err := check(c); err != nil {
 		t.Fatal(err)
 	}
@@ -222,8 +224,8 @@ func TestKeysAndCost(t *testing.T) {
 		t.Fatalf("method key: %d remaining, want 4", r)
 	}
 
-	trusted := httplimit.IPKeyConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
-	c = serve(t, withBoth(l, grpclimit.WithKeyFunc(grpclimit.KeyByPeer(trusted)))...)
+	trusted := grpclimit.IPKeyConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	c = serve(t, withBoth(t, l, grpclimit.Config{KeyFunc: grpclimit.KeyByPeer(trusted)})...)
 	if _, err := check(c, "x-forwarded-for", "1.1.1.1, 198.51.100.7"); err != nil {
 		t.Fatal(err)
 	}
@@ -231,12 +233,8 @@ func TestKeysAndCost(t *testing.T) {
 		t.Fatalf("forwarded peer key: %d remaining, want 4", r)
 	}
 
-	c = serve(t, withBoth(l, grpclimit.WithCost(func(context.Context, string) int64 { return 6 }))...)
-	if _, err := check(c); status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("cost above capacity: %v", err)
-	}
 	// The default key: the peer, trusting no proxy.
-	c = serve(t, withBoth(l)...)
+	c = serve(t, withBoth(t, l, grpclimit.Config{})...)
 	if _, err := check(c, "x-forwarded-for", "198.51.100.8"); err != nil {
 		t.Fatal(err)
 	}
@@ -245,104 +243,15 @@ func TestKeysAndCost(t *testing.T) {
 	}
 }
 
-// A database that fails (here: without the tables) fails calls closed with
-// Unavailable, or open with WithFailOpen: the call goes through without
-// rate-limit metadata.
-func TestFailClosedAndOpen(t *testing.T) {
-	modes(t, func(t *testing.T, off bool) {
-		broken := newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour, DisableCoalescing: off})
-		quiet := grpclimit.WithLogger(slog.New(slog.DiscardHandler))
-		c := serve(t, withBoth(broken, quiet)...)
-		if _, err := check(c); status.Code(err) != codes.Unavailable {
-			t.Fatalf("fail closed: %v", err)
-		}
-		c = serve(t, withBoth(broken, quiet, grpclimit.WithFailOpen())...)
-		h, err := check(c)
-		if err != nil {
-			t.Fatalf("fail open: %v", err)
-		}
-		requireFields(t, h, nil)
-	})
-}
-
-// records is a slog handler that keeps what it is given.
-type records struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (h *records) Enabled(context.Context, slog.Level) bool { return true }
-func (h *records) Handle(_ context.Context, r slog.Record) error {
-	s := r.Level.String() + " " + r.Message
-	r.Attrs(func(a slog.Attr) bool {
-		s += " " + a.String()
-		return true
-	})
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.lines = append(h.lines, s)
-	return nil
-}
-func (h *records) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *records) WithGroup(string) slog.Handler      { return h }
-
-func (h *records) get() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.lines...)
-}
-
-// In shadow mode every call goes through without rate-limit metadata; the
-// checks spend as enforced ones would, would-be denials are logged, and a
-// failing database denies nothing either.
-func TestShadow(t *testing.T) {
-	modes(t, func(t *testing.T, off bool) {
-		l := newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: "sh", Capacity: 1, Refill: 1, Interval: 10 * time.Second, Clock: fixed, DisableCoalescing: off})
-		logs := &records{}
-		c := serve(t, withBoth(l, grpclimit.WithShadow(), grpclimit.WithLogger(slog.New(logs)))...)
-		for i := range 3 {
-			h, err := check(c)
-			if err != nil {
-				t.Fatalf("call %d in shadow mode: %v", i, err)
-			}
-			requireFields(t, h, nil)
-		}
-		s, err := c.Watch(context.Background(), &healthpb.HealthCheckRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Recv(); err != nil {
-			t.Fatalf("stream in shadow mode: %v", err)
-		}
-		want := "WARN grpclimit: shadow: would deny method=/grpc.health.v1.Health/"
-		got := logs.get()
-		if len(got) != 3 {
-			t.Fatalf("logs %q, want 3 would-be denials", got)
-		}
-		for _, line := range got {
-			if !strings.HasPrefix(line, want) || !strings.HasSuffix(line, " key=ip:127.0.0.1 prefix=sh retry_after=10s") {
-				t.Fatalf("log line %q", line)
-			}
-		}
-		// Enforced now: the first shadow call took the only token.
-		if _, err := check(serve(t, withBoth(l)...)); status.Code(err) != codes.ResourceExhausted {
-			t.Fatalf("enforced after shadow: %v", err)
-		}
-
-		broken := newLimiter(t, testdb.NewEmptySchema(t).Pool(t, 0), pgratelimit.Config{Prefix: "b", Capacity: 1, Refill: 1, Interval: time.Hour, DisableCoalescing: off})
-		c = serve(t, withBoth(broken, grpclimit.WithShadow(), grpclimit.WithLogger(slog.New(slog.DiscardHandler)))...)
-		if _, err := check(c); err != nil {
-			t.Fatalf("shadow mode, failing database: %v", err)
-		}
-	})
-}
-
 // go-grpc-middleware's chain with MiddlewareLimiter: allowed calls carry
 // the fields, a denied one is ResourceExhausted with our message quoted.
 func TestMiddlewareLimiter(t *testing.T) {
 	t.Parallel()
 	l := newLimiter(t, testdb.Pool(t), pgratelimit.Config{Prefix: "mw", Capacity: 1, Refill: 1, Interval: 10 * time.Second, Clock: fixed})
-	ml := grpclimit.MiddlewareLimiter(l)
+	ml, err := grpclimit.MiddlewareLimiter(grpclimit.Config{}, l)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c := serve(t,
 		grpc.ChainUnaryInterceptor(ratelimit.UnaryServerInterceptor(ml)),
 		grpc.ChainStreamInterceptor(ratelimit.StreamServerInterceptor(ml)))
@@ -363,84 +272,12 @@ func TestMiddlewareLimiter(t *testing.T) {
 	if _, err := s.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("denied stream: %v", err)
 	}
-}
-
-// silentPool is a pool whose database accepts connections and never
-// answers: a server that hangs, or a firewall that swallows packets after the
-// handshake.
-func silentPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// The chain cannot hold a lease for a call: a Semaphore is refused.
+	sem, err := pgratelimit.NewSemaphore(testdb.Pool(t), pgratelimit.SemaphoreConfig{Prefix: "s", Max: 1, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	cfg, err := pgxpool.ParseConfig("postgres://user@" + ln.Addr().String() + "/db?sslmode=disable")
-	if err != nil {
-		t.Fatal(err)
+	if _, err := grpclimit.MiddlewareLimiter(grpclimit.Config{Semaphore: sem}, l); !errors.Is(err, pgratelimit.ErrInvalidConfig) {
+		t.Fatalf("a Semaphore: %v, want ErrInvalidConfig", err)
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close) // before the listener closes: cancels the connects
-	return pool
-}
-
-// Against a database that accepts connections and never answers, a call is
-// answered within the check timeout: Unavailable failing closed, the
-// handler's answer failing open; and within DefaultCheckTimeout by default.
-func TestCheckTimeout(t *testing.T) {
-	modes(t, func(t *testing.T, off bool) {
-		l := newLimiter(t, silentPool(t), pgratelimit.Config{Prefix: "t", Capacity: 1, Refill: 1, Interval: time.Hour, DisableCoalescing: off})
-		quiet := grpclimit.WithLogger(slog.New(slog.DiscardHandler))
-		short := 200 * time.Millisecond
-		for _, tc := range []struct {
-			name  string
-			opts  []grpclimit.Option
-			bound time.Duration
-			code  codes.Code
-		}{
-			{"closed", []grpclimit.Option{quiet, grpclimit.WithCheckTimeout(short)}, short, codes.Unavailable},
-			{"open", []grpclimit.Option{quiet, grpclimit.WithCheckTimeout(short), grpclimit.WithFailOpen()}, short, codes.OK},
-			{"default", []grpclimit.Option{quiet}, grpclimit.DefaultCheckTimeout, codes.Unavailable},
-		} {
-			c := serve(t, withBoth(l, tc.opts...)...)
-			// The client's own deadline is only a failsafe, far past the
-			// bound: the server must answer first.
-			ctx, cancel := context.WithTimeout(context.Background(), tc.bound+10*time.Second)
-			start := time.Now()
-			_, err := c.Check(ctx, &healthpb.HealthCheckRequest{})
-			took := time.Since(start)
-			cancel()
-			if status.Code(err) != tc.code {
-				t.Fatalf("%s: %v, want %s", tc.name, err, tc.code)
-			}
-			// The bound, and a moment for the answer (more under -race on
-			// a busy machine).
-			if took < tc.bound || took > tc.bound+time.Second {
-				t.Fatalf("%s: answered in %s, bound %s", tc.name, took, tc.bound)
-			}
-		}
-	})
 }

@@ -74,9 +74,9 @@ func TestHostileInputTable(t *testing.T) {
 
 	// The same through the middleware, keyed by a raw header so the
 	// hostile value reaches the limiter.
-	h := httplimit.Middleware(l, httplimit.Options{
+	h := mw(t, httplimit.Config{
 		KeyFunc: func(r *http.Request) (string, error) { return r.Header.Get("X-Key"), nil },
-	})(okHandler)
+	}, l)(okHandler)
 	for _, tc := range cases {
 		if tc.cost != 2 && tc.want == ok {
 			continue
@@ -157,7 +157,7 @@ func TestExtremeConfigs(t *testing.T) {
 		require.Equal(t, int64(0), r.Remaining)
 	}
 
-	h := httplimit.Middleware(huge, httplimit.Options{LegacyHeaders: true})(okHandler)
+	h := mw(t, httplimit.Config{LegacyHeaders: true}, huge)(okHandler)
 	w := serve(h, "192.0.2.9:1", nil)
 	require.Equal(t, http.StatusOK, w.Code)
 	// RFC 8941 integers have at most 15 digits: larger ones are clamped,

@@ -38,7 +38,7 @@ func TestMiddlewareHeaders(t *testing.T) {
 	clock := newClock()
 	clock.Set(500 * time.Millisecond) // half a second past a boundary of the grid (whole 10s since the epoch)
 	l := newLimiter(t, pgratelimit.Config{Prefix: "api", Capacity: 3, Refill: 1, Interval: 10 * time.Second, Clock: clock.Now})
-	h := httplimit.Middleware(l, httplimit.Options{LegacyHeaders: true})(okHandler)
+	h := mw(t, httplimit.Config{LegacyHeaders: true}, l)(okHandler)
 
 	for i, want := range []string{`"api";r=2;t=10`, `"api";r=1;t=20`, `"api";r=0;t=30`} {
 		w := serve(h, "198.51.100.1:1000", nil)
@@ -75,9 +75,9 @@ func TestMiddlewareHeaders(t *testing.T) {
 func TestMiddlewareForwardedFor(t *testing.T) {
 	t.Parallel()
 	l := newLimiter(t, pgratelimit.Config{Prefix: "xff", Capacity: 1, Refill: 1, Interval: time.Hour})
-	h := httplimit.Middleware(l, httplimit.Options{KeyFunc: httplimit.KeyByIP(httplimit.IPKeyConfig{
+	h := mw(t, httplimit.Config{KeyFunc: httplimit.KeyByIP(httplimit.IPKeyConfig{
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-	})})(okHandler)
+	})}, l)(okHandler)
 
 	// An untrusted client cannot escape its bucket by inventing hops.
 	require.Equal(t, http.StatusOK, serve(h, "203.0.113.5:1", nil).Code)
@@ -104,13 +104,13 @@ func TestMiddlewareCostAndKeys(t *testing.T) {
 	clock := newClock() // on the hour: the grid's refills fall on whole hours
 	l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "upload", Capacity: 10, Refill: 1, Interval: time.Hour, Clock: clock.Now})
 	require.NoError(t, err)
-	h := httplimit.Middleware(l, httplimit.Options{
+	h := mw(t, httplimit.Config{
 		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
 		Cost: func(r *http.Request) int64 {
 			n, _ := strconv.ParseInt(r.Header.Get("X-Cost"), 10, 64)
 			return n
 		},
-	})(okHandler)
+	}, l)(okHandler)
 
 	w := serve(h, "192.0.2.1:1", http.Header{"X-API-Key": {"s3cret"}, "X-Cost": {"4"}})
 	require.Equal(t, http.StatusOK, w.Code)
@@ -149,12 +149,12 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, in.Close(ctx)) // the database is gone
 
-	closed := httplimit.Middleware(l, httplimit.Options{})(okHandler)
+	closed := mw(t, httplimit.Config{}, l)(okHandler)
 	w := serve(closed, "192.0.2.1:1", nil)
 	require.Equal(t, http.StatusServiceUnavailable, w.Code)
 	require.Empty(t, w.Header().Get("RateLimit"))
 
-	open := httplimit.Middleware(l, httplimit.Options{FailOpen: true})(okHandler)
+	open := mw(t, httplimit.Config{FailOpen: true}, l)(okHandler)
 	w = serve(open, "192.0.2.1:1", nil)
 	require.Equal(t, http.StatusOK, w.Code)
 	require.Equal(t, "ok", w.Body.String())
@@ -176,7 +176,7 @@ func TestMiddlewareAll(t *testing.T) {
 		"free": {limit("second", 3, time.Second), limit("minute", 5, time.Minute)},
 		"pro":  {limit("second", 3, time.Second), limit("minute-pro", 100, time.Minute)},
 	}
-	h := httplimit.MiddlewareAll(plans["free"], httplimit.Options{
+	h := mw(t, httplimit.Config{
 		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
 		Limiters: func(r *http.Request, key string) ([]*pgratelimit.Limiter, error) {
 			if r.Header.Get("X-Plan") == "pro" {
@@ -184,7 +184,7 @@ func TestMiddlewareAll(t *testing.T) {
 			}
 			return plans["free"], nil
 		},
-	})(okHandler)
+	}, plans["free"]...)(okHandler)
 	free := http.Header{"X-Api-Key": {"k1"}}
 
 	for i, want := range []string{`"second";r=2;t=1`, `"second";r=1;t=1`, `"second";r=0;t=1`} {
@@ -227,4 +227,13 @@ func httplimitKey(t *testing.T, value string) string {
 	k, err := httplimit.KeyByHeader("X-API-Key")(r)
 	require.NoError(t, err)
 	return k
+}
+
+// mw is httplimit.Middleware(cfg, limiters...), failing the test on an
+// error.
+func mw(t *testing.T, cfg httplimit.Config, limiters ...*pgratelimit.Limiter) func(http.Handler) http.Handler {
+	t.Helper()
+	m, err := httplimit.Middleware(cfg, limiters...)
+	require.NoError(t, err)
+	return m
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/alert"
 )
 
 // Period is the length of a calendar period: see Calendar.
@@ -105,4 +106,43 @@ func (c Calendar) at(anchor time.Time) account.Schedule {
 		anchor = c.Anchor
 	}
 	return account.Calendar(account.Period(c.Every), c.Location, anchor)
+}
+
+// Window is how long an empty bucket of l takes to fill, as of the check
+// that gave r: ceil(Capacity/Refill) intervals (saturating at the longest
+// time.Duration); with a Calendar, from the check's time to the boundary
+// that fills an empty bucket (the rest of the period when Refill is
+// Capacity). It is the window (w) of the RateLimit-Policy field that the
+// middleware of this repository sends, so that w and the t of RateLimit
+// (r.ResetAfter) agree.
+func (l *Limiter) Window(r Result) time.Duration {
+	return window(l.cfg, r, l.localNow())
+}
+
+// maxWindowPeriods bounds the calendar periods a window counts.
+const maxWindowPeriods = 1200
+
+// window is Window at now, the application's clock. The check's time is
+// the database's clock (or Config.Clock), which the application does not
+// see: a bucket that is not full is full again on a boundary, so the
+// check's time is that boundary (the one nearest to now + r.ResetAfter)
+// less r.ResetAfter. For a full bucket, now is taken as it is.
+func window(cfg Config, r Result, now time.Time) time.Duration {
+	if cfg.Calendar == (Calendar{}) {
+		return alert.Window(cfg.Capacity, cfg.Refill, cfg.Interval)
+	}
+	refills := cfg.Capacity / cfg.Refill
+	if cfg.Capacity%cfg.Refill != 0 {
+		refills++
+	}
+	s := cfg.Calendar.at(time.Time{})
+	if r.Remaining < r.Limit && r.ResetAfter > 0 {
+		full := now.Add(r.ResetAfter)
+		b := s.Floor(full)
+		if next := s.Add(b, 1); next.Sub(full) < full.Sub(b) {
+			b = next
+		}
+		now = b.Add(-r.ResetAfter)
+	}
+	return s.Add(s.Floor(now), min(refills, maxWindowPeriods)).Sub(now)
 }

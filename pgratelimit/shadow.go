@@ -7,8 +7,8 @@ type shadowKey struct{}
 
 // WithShadow returns a copy of ctx that marks the checks made with it as
 // shadow checks: checks of a limit being rolled out, whose answer the caller
-// logs but does not enforce (httplimit's Options.Shadow, and the gRPC and
-// Connect interceptors' WithShadow, make their checks this way). Such checks
+// logs but does not enforce (the Config.Shadow of httplimit, grpclimit and
+// connectlimit makes their checks this way). Such checks
 // are recorded with the attribute pgratelimit.shadow=true in
 // pgratelimit.checks and pgratelimit.check.duration, so a dashboard can tell
 // the would-be denials of a shadowed limit from the denials of enforced ones.

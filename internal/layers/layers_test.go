@@ -23,15 +23,17 @@ const mod = "github.com/pgratelimit/pgratelimit"
 // project it may import (directly or not): a check goes downwards only, API,
 // coalescer, engine, statements, account.
 var allowed = map[string][]string{
-	"internal/account":    {},
-	"internal/sqlgen":     {},
-	"internal/engine":     {"internal/account", "internal/sqlgen"},
-	"internal/coalesce":   {"internal/engine", "internal/account", "internal/sqlgen"},
-	"internal/citus":      {"internal/engine", "internal/account", "internal/sqlgen"},
-	"internal/cleanup":    {"internal/citus", "internal/engine", "internal/account", "internal/sqlgen"},
-	"internal/lease":      {"internal/engine", "internal/account", "internal/sqlgen"},
-	"internal/alert":      {"internal/engine", "internal/account", "internal/sqlgen"},
-	"internal/middleware": {"pgratelimit", "internal/*", "migrations"},
+	"internal/account":  {},
+	"internal/sqlgen":   {},
+	"internal/engine":   {"internal/account", "internal/sqlgen"},
+	"internal/coalesce": {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/citus":    {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/cleanup":  {"internal/citus", "internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/lease":    {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/alert":    {"internal/engine", "internal/account", "internal/sqlgen"},
+	// Above the root API (see imports): whatever the root imports.
+	"internal/middleware":                {"pgratelimit", "internal/*", "migrations"},
+	"internal/middleware/middlewaretest": {"pgratelimit", "internal/*", "migrations"},
 	// The API packages: the root orchestrates the internal packages; the
 	// events package (delivery and listing of usage alert events) sits
 	// beside it and uses its errors.
@@ -39,8 +41,25 @@ var allowed = map[string][]string{
 	"pgratelimit/events": {"pgratelimit", "internal/*"},
 }
 
+// imports lists, for the packages that import the root API, the packages
+// of the project they may import directly. The middleware core is the one
+// internal package that imports the root: it charges requests with
+// pgratelimit.AllowAll, so that an adapter answers exactly what a caller of
+// the library would get, and it reaches no account internals (what it
+// knows of a check, such as a limiter's window, comes through the root's
+// API). Its conformance suite adds the test databases.
+var imports = map[string][]string{
+	"internal/middleware":                {"pgratelimit"},
+	"internal/middleware/middlewaretest": {"pgratelimit", "internal/testdb"},
+}
+
+// adapters are the middleware packages, of three modules: none imports
+// another (what they share is internal/middleware).
+var adapters = []string{"pgratelimit/httplimit", "grpclimit", "connectlimit"}
+
 type listed struct {
 	ImportPath string
+	Imports    []string
 	Deps       []string
 	Dir        string
 	GoFiles    []string
@@ -87,9 +106,10 @@ func deps(t *testing.T, pkg string) []string {
 	return own
 }
 
-// TestLayers checks the imports of every internal package against allowed:
-// account and sqlgen import nothing of the project, citus does not import
-// coalesce, nothing internal imports the root API but the middleware core.
+// TestLayers checks the imports of every internal package against allowed
+// and imports: account and sqlgen import nothing of the project, citus does
+// not import coalesce, nothing internal imports the root API but the
+// middleware core, which imports nothing internal.
 func TestLayers(t *testing.T) {
 	for pkg, may := range allowed {
 		for _, d := range deps(t, pkg) {
@@ -102,10 +122,43 @@ func TestLayers(t *testing.T) {
 	}
 	for _, p := range packages(t) {
 		rel := strings.TrimPrefix(p.ImportPath, mod+"/")
+		if may, ok := imports[rel]; ok {
+			for _, d := range p.Imports {
+				if d, own := strings.CutPrefix(d, mod+"/"); own && !slices.Contains(may, d) {
+					t.Errorf("%s imports %s", rel, d)
+				}
+			}
+		}
 		if strings.HasPrefix(rel, "internal/") && !strings.HasPrefix(rel, "internal/testdb") && !strings.HasPrefix(rel, "internal/pglaunch") &&
 			!strings.HasPrefix(rel, "internal/readme") && rel != "internal/layers" {
 			if _, ok := allowed[rel]; !ok {
 				t.Errorf("%s has no layering rule here", rel)
+			}
+		}
+	}
+}
+
+// TestAdaptersApart: no adapter imports another, in the workspace that
+// ties their modules together.
+func TestAdaptersApart(t *testing.T) {
+	work, err := filepath.Abs(filepath.Join("..", "..", "go.work"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range adapters {
+		cmd := exec.Command("go", "list", "-deps", mod+"/"+a)
+		cmd.Env = append(cmd.Environ(), "GOWORK="+work)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", a, err)
+		}
+		deps := strings.Fields(string(out))
+		if !slices.Contains(deps, mod+"/internal/middleware") {
+			t.Errorf("%s does not import internal/middleware: is the list of adapters right?", a)
+		}
+		for _, other := range adapters {
+			if other != a && slices.Contains(deps, mod+"/"+other) {
+				t.Errorf("%s imports %s", a, other)
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"fmt"
-	"github.com/pgratelimit/pgratelimit/internal/account"
 	"math/big"
 	"net/http"
 	"strconv"
@@ -61,11 +60,7 @@ func FieldsForAll(limiters []*pgratelimit.Limiter, sem *pgratelimit.Semaphore, r
 	policies := make([]string, len(limiters), len(limiters)+1)
 	for i, l := range limiters {
 		cfg := l.Config()
-		now := time.Now()
-		if cfg.Clock != nil {
-			now = cfg.Clock()
-		}
-		w := Window(cfg, res.Results[i], now)
+		w := CeilSeconds(l.Window(res.Results[i]))
 		policies[i] = fmt.Sprintf("%s;q=%d;w=%d", SFString(cfg.Prefix), sfInt(cfg.Capacity), sfInt(w))
 	}
 	if sem != nil {
@@ -109,46 +104,6 @@ func closest(m pgratelimit.MultiResult) int {
 	}
 	return best
 }
-
-// Window is RateLimit-Policy's w for a limiter of cfg whose check gave r:
-// the seconds an empty bucket takes to fill, rounded up; for a calendar, the
-// seconds from the check's time until the boundary that fills an empty
-// bucket (the seconds left in the period when Refill is Capacity), so that
-// w and RateLimit's t, computed by the same clock, agree. The check's time
-// is the database's clock (or Config.Clock), which the application does not
-// see: a bucket that is not full is full again on a boundary, so the check's
-// time is that boundary (the one nearest to now + r.ResetAfter, now being
-// the application's clock) less r.ResetAfter. For a full bucket, now is
-// taken as it is.
-func Window(cfg pgratelimit.Config, r pgratelimit.Result, now time.Time) int64 {
-	refills := cfg.Capacity / cfg.Refill
-	if cfg.Calendar.Every == 0 {
-		if cfg.Capacity%cfg.Refill != 0 {
-			refills++
-		}
-		if refills > int64(time.Duration(1<<63-1)/cfg.Interval) {
-			return CeilSeconds(time.Duration(1<<63 - 1))
-		}
-		return CeilSeconds(time.Duration(refills) * cfg.Interval)
-	}
-	if cfg.Capacity%cfg.Refill != 0 {
-		refills++
-	}
-	c := cfg.Calendar
-	s := account.Calendar(account.Period(c.Every), c.Location, c.Anchor)
-	if r.Remaining < r.Limit && r.ResetAfter > 0 {
-		full := now.Add(r.ResetAfter)
-		b := s.Floor(full)
-		if next := s.Add(b, 1); next.Sub(full) < full.Sub(b) {
-			b = next
-		}
-		now = b.Add(-r.ResetAfter)
-	}
-	return CeilSeconds(s.Add(s.Floor(now), min(refills, maxPeriods)).Sub(now))
-}
-
-// maxPeriods bounds the calendar periods a window counts.
-const maxPeriods = 1200
 
 // CeilSeconds rounds d up to whole seconds: never earlier than the truth.
 func CeilSeconds(d time.Duration) int64 {

@@ -31,7 +31,9 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 
@@ -69,7 +71,8 @@ type Config[R any] struct {
 	Key func(ctx context.Context, r R) (string, error)
 
 	// Limiters returns the limiters to check a request against, given its
-	// key; an error makes it Invalid. Required.
+	// key, all charged at once (one pgratelimit.AllowAll); an error makes
+	// it Invalid. Defaults to the limiters given to New.
 	Limiters func(ctx context.Context, r R, key string) ([]*pgratelimit.Limiter, error)
 
 	// Cost returns the tokens a request takes. Defaults to 1.
@@ -81,6 +84,7 @@ type Config[R any] struct {
 	// extended every TTL/3 while the request runs, released when it ends.
 	// A request that finds no free units is denied like one the limiters
 	// deny. Limiters may then return none. Defaults to nil: no lease.
+	// Weight without Semaphore is an invalid Config.
 	Semaphore *pgratelimit.Semaphore
 
 	// Weight returns the units of a request's lease. Defaults to 1.
@@ -116,11 +120,19 @@ type Core[R any] struct {
 	failed, wouldDeny, notChecked string
 }
 
-// New returns a Core with cfg, its defaults filled in. It panics when a
-// required field is missing: a bug in the adapter.
-func New[R any](cfg Config[R]) *Core[R] {
-	if cfg.Name == "" || cfg.Noun == "" || cfg.Key == nil || cfg.Limiters == nil {
-		panic("middleware: Config needs Name, Noun, Key and Limiters")
+// New returns a Core with cfg, its defaults filled in, that checks every
+// request against limiters unless cfg.Limiters picks them. A Config that
+// cannot check anything (no limiter, no Limiters, no Semaphore), a nil
+// limiter, or a Weight without a Semaphore, is an error wrapping
+// pgratelimit.ErrInvalidConfig that names the field (the adapters' Config
+// fields have the same names).
+func New[R any](cfg Config[R], limiters []*pgratelimit.Limiter) (*Core[R], error) {
+	if err := cfg.validate(limiters); err != nil {
+		return nil, fmt.Errorf("%w: %s: %s", pgratelimit.ErrInvalidConfig, cfg.Name, err)
+	}
+	if cfg.Limiters == nil {
+		limiters = slices.Clone(limiters)
+		cfg.Limiters = func(context.Context, R, string) ([]*pgratelimit.Limiter, error) { return limiters, nil }
 	}
 	if cfg.Cost == nil {
 		cfg.Cost = func(context.Context, R) int64 { return 1 }
@@ -139,7 +151,22 @@ func New[R any](cfg Config[R]) *Core[R] {
 		failed:     cfg.Name + ": rate-limit check failed",
 		wouldDeny:  cfg.Name + ": shadow: would deny",
 		notChecked: cfg.Name + ": shadow: " + cfg.Noun + " not checked",
+	}, nil
+}
+
+// validate says what is wrong with cfg and limiters, or nil.
+func (cfg Config[R]) validate(limiters []*pgratelimit.Limiter) error {
+	switch {
+	case cfg.Name == "" || cfg.Noun == "" || cfg.Key == nil:
+		return errors.New("the core needs a Name, a Noun and a Key") // the adapter's bug
+	case slices.Contains(limiters, nil):
+		return fmt.Errorf("limiter %d is nil", slices.Index(limiters, nil))
+	case len(limiters) == 0 && cfg.Limiters == nil && cfg.Semaphore == nil:
+		return errors.New("nothing to check: no limiter given, no Config.Limiters and no Config.Semaphore")
+	case cfg.Weight != nil && cfg.Semaphore == nil:
+		return errors.New("a weight without a semaphore: Config.Weight needs Config.Semaphore")
 	}
+	return nil
 }
 
 // Verdict is what an adapter does with a request. The zero Verdict is none

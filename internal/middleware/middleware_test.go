@@ -6,14 +6,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/pgratelimit/pgratelimit/internal/account"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -115,7 +114,7 @@ func TestExempt(t *testing.T) {
 	cfg.Exempt = func(_ context.Context, name string) bool { return name == "health" }
 	for _, shadow := range []bool{false, true} {
 		cfg.Shadow = shadow
-		if d := check(t, New(cfg), context.Background(), "health"); d.Verdict != Exempt || d.Err != nil || d.Fields != (Fields{}) {
+		if d := check(t, mustNew(t, cfg), context.Background(), "health"); d.Verdict != Exempt || d.Err != nil || d.Fields != (Fields{}) {
 			t.Fatalf("shadow %v: %+v, want an exempt decision and nothing else", shadow, d)
 		}
 	}
@@ -150,12 +149,12 @@ func TestInvalid(t *testing.T) {
 		logs := &records{}
 		cfg := config(l, logs)
 		tc.set(&cfg)
-		d := check(t, New(cfg), context.Background(), tc.name)
+		d := check(t, mustNew(t, cfg), context.Background(), tc.name)
 		if d.Verdict != Invalid || !errors.Is(d.Err, tc.is) {
 			t.Fatalf("%s: %v %v, want invalid %v", tc.name, d.Verdict, d.Err, tc.is)
 		}
 		cfg.Shadow = true
-		d = check(t, New(cfg), context.Background(), tc.name)
+		d = check(t, mustNew(t, cfg), context.Background(), tc.name)
 		if d.Verdict != Pass || !errors.Is(d.Err, tc.is) {
 			t.Fatalf("%s, shadow: %v %v, want pass", tc.name, d.Verdict, d.Err)
 		}
@@ -190,7 +189,7 @@ func TestFailures(t *testing.T) {
 		logs := &records{}
 		cfg := config(l, logs)
 		tc.set(&cfg)
-		d := check(t, New(cfg), tc.ctx, tc.name)
+		d := check(t, mustNew(t, cfg), tc.ctx, tc.name)
 		if d.Verdict != tc.want || d.Err == nil {
 			t.Fatalf("%s: %v %v, want %v with the error", tc.name, d.Verdict, d.Err, tc.want)
 		}
@@ -207,13 +206,88 @@ func TestFailures(t *testing.T) {
 	}
 }
 
-func TestNewPanicsWithoutRequiredFields(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("New with an empty Config did not panic")
+// mustNew is New(cfg, nil), failing the test on an error.
+func mustNew(t *testing.T, cfg Config[string]) *Core[string] {
+	t.Helper()
+	c, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A Config that cannot check anything, or is half made, is refused by New
+// with ErrInvalidConfig naming what is wrong.
+func TestNewRefuses(t *testing.T) {
+	l := unreachable(t)
+	key := func(context.Context, string) (string, error) { return "k", nil }
+	base := Config[string]{Name: "test", Noun: "call", Key: key}
+	weight := base
+	weight.Weight = func(context.Context, string) int64 { return 2 }
+	for _, tc := range []struct {
+		name     string
+		cfg      Config[string]
+		limiters []*pgratelimit.Limiter
+		want     string
+	}{
+		{"empty", Config[string]{}, []*pgratelimit.Limiter{l}, "needs a Name, a Noun and a Key"},
+		{"nothing to check", base, nil, "nothing to check"},
+		{"nil limiter", base, []*pgratelimit.Limiter{l, nil}, "limiter 1 is nil"},
+		{"weight", weight, []*pgratelimit.Limiter{l}, "Config.Weight needs Config.Semaphore"},
+	} {
+		_, err := New(tc.cfg, tc.limiters)
+		if !errors.Is(err, pgratelimit.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want ErrInvalidConfig saying %q", tc.name, err, tc.want)
 		}
-	}()
-	New(Config[string]{})
+	}
+	if _, err := New(base, []*pgratelimit.Limiter{l}); err != nil {
+		t.Fatalf("a limiter given: %v", err)
+	}
+}
+
+func TestClientAddr(t *testing.T) {
+	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
+	for _, tc := range []struct {
+		name, peer string
+		xff        []string
+		want       string
+	}{
+		{"no proxy", "203.0.113.9:5555", nil, "203.0.113.9"},
+		{"spoofed header from an untrusted peer is ignored", "203.0.113.9:5555", []string{"1.1.1.1"}, "203.0.113.9"},
+		{"trusted peer, one hop", "10.0.0.2:80", []string{"198.51.100.7"}, "198.51.100.7"},
+		{"client prepends a spoofed hop: still the rightmost untrusted", "10.0.0.2:80", []string{"1.1.1.1, 198.51.100.7"}, "198.51.100.7"},
+		{"trusted hops are skipped", "10.0.0.2:80", []string{"198.51.100.7, 10.1.1.1", "10.2.2.2"}, "198.51.100.7"},
+		{"all hops trusted: the leftmost", "10.0.0.2:80", []string{"10.9.9.9, 10.1.1.1"}, "10.9.9.9"},
+		{"garbage stops at the last trusted hop", "10.0.0.2:80", []string{"198.51.100.7, nonsense, 10.1.1.1"}, "10.1.1.1"},
+		{"trusted peer without header", "10.0.0.2:80", nil, "10.0.0.2"},
+		{"IPv6 peer", "[2001:db8::1]:443", nil, "2001:db8::1"},
+		{"IPv4-mapped IPv6 is unmapped", "[::ffff:203.0.113.9]:1", nil, "203.0.113.9"},
+		{"IPv6 via trusted IPv6 proxy, with port in header", "[fd00::1]:80", []string{"[2001:db8::5]:1234"}, "2001:db8::5"},
+	} {
+		got, err := ClientAddr(tc.peer, tc.xff, trusted)
+		if err != nil || got.String() != tc.want {
+			t.Errorf("%s: %s %v, want %s", tc.name, got, err, tc.want)
+		}
+	}
+	if _, err := ClientAddr("not an address", nil, trusted); err == nil {
+		t.Error("an unparsable peer gave an address")
+	}
+}
+
+func TestIPKey(t *testing.T) {
+	peer := "[2001:db8:1:2:3:4:5:6]:443"
+	if k, err := (IPKeyConfig{IPv6Prefix: 64}).Key(peer, nil); err != nil || k != "ip:2001:db8:1:2::/64" {
+		t.Fatalf("IPv6 /64: %q %v", k, err)
+	}
+	if k, err := (IPKeyConfig{}).Key(peer, nil); err != nil || k != "ip:2001:db8:1:2:3:4:5:6" {
+		t.Fatalf("IPv6: %q %v", k, err)
+	}
+	if k, err := (IPKeyConfig{IPv6Prefix: 64}).Key("192.0.2.1:1", nil); err != nil || k != "ip:192.0.2.1" {
+		t.Fatalf("IPv4 with an IPv6 prefix: %q %v", k, err)
+	}
+	if _, err := (IPKeyConfig{}).Key("", nil); err == nil {
+		t.Fatal("no peer gave a key")
+	}
 }
 
 func TestMatchMethods(t *testing.T) {
@@ -276,28 +350,16 @@ func TestKeys(t *testing.T) {
 	}
 }
 
-// w is counted from the check's clock, not the application's: a calendar
-// quota's w and t agree whatever the skew between the two (issue #31).
-func TestWindowByTheChecksClock(t *testing.T) {
-	cfg := pgratelimit.Config{Prefix: "q", Capacity: 1000, Refill: 1000, Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}}
-	p := account.Policy{Capacity: 1000, Refill: 1000, Schedule: account.Calendar(account.Month, nil, time.Time{})}
-	checked := time.Date(2026, 1, 10, 12, 0, 0, 300_000_000, time.UTC)
-	_, c, err := account.Apply(p, account.State{}, checked, account.Op{Kind: account.OpCharge, Amount: 1})
-	if err != nil {
-		t.Fatal(err)
+func TestFieldHelpers(t *testing.T) {
+	if got := SFString("a\"b\\c\r\nd\xff"); got != `"a\"b\\c??d?"` {
+		t.Fatalf("SFString: %s", got)
 	}
-	r := pgratelimit.Result{Allowed: true, Limit: c.Limit, Remaining: c.Remaining, ResetAfter: c.ResetAfter}
-	for _, skew := range []time.Duration{0, 7 * time.Minute, -3 * time.Hour, 11 * time.Hour} {
-		if w, want := Window(cfg, r, checked.Add(skew)), CeilSeconds(r.ResetAfter); w != want {
-			t.Errorf("skew %v: w %d, t %d", skew, w, want)
+	for d, want := range map[time.Duration]int64{0: 0, time.Nanosecond: 1, time.Second: 1, 1500 * time.Millisecond: 2} {
+		if got := CeilSeconds(d); got != want {
+			t.Fatalf("CeilSeconds(%s) = %d", d, got)
 		}
 	}
-	// With Refill below Capacity: the boundary that fills an empty bucket.
-	cfg.Refill, p.Refill = 400, 400
-	_, c, _ = account.Apply(p, account.State{}, checked, account.Op{Kind: account.OpCharge, Amount: 500})
-	r = pgratelimit.Result{Allowed: true, Limit: c.Limit, Remaining: c.Remaining, ResetAfter: c.ResetAfter}
-	want := CeilSeconds(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).Sub(checked)) // three refills
-	if w := Window(cfg, r, checked.Add(5*time.Minute)); w != want {
-		t.Errorf("rollover: w %d, want %d", w, want)
+	if got := sfInt(MaxSFInteger + 1); got != MaxSFInteger {
+		t.Fatalf("sfInt: %d", got)
 	}
 }

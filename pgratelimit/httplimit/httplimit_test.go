@@ -1,49 +1,44 @@
 package httplimit
 
 import (
+	"context"
+	"errors"
+	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-func TestClientIP(t *testing.T) {
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")}
-	for _, tc := range []struct {
-		name, peer string
-		xff        []string
-		want       string
-	}{
-		{"no proxy", "203.0.113.9:5555", nil, "203.0.113.9"},
-		{"spoofed header from an untrusted peer is ignored", "203.0.113.9:5555", []string{"1.1.1.1"}, "203.0.113.9"},
-		{"trusted peer, one hop", "10.0.0.2:80", []string{"198.51.100.7"}, "198.51.100.7"},
-		{"client prepends a spoofed hop: still the rightmost untrusted", "10.0.0.2:80", []string{"1.1.1.1, 198.51.100.7"}, "198.51.100.7"},
-		{"trusted hops are skipped", "10.0.0.2:80", []string{"198.51.100.7, 10.1.1.1", "10.2.2.2"}, "198.51.100.7"},
-		{"all hops trusted: the leftmost", "10.0.0.2:80", []string{"10.9.9.9, 10.1.1.1"}, "10.9.9.9"},
-		{"garbage stops at the last trusted hop", "10.0.0.2:80", []string{"198.51.100.7, nonsense, 10.1.1.1"}, "10.1.1.1"},
-		{"trusted peer without header", "10.0.0.2:80", nil, "10.0.0.2"},
-		{"IPv6 peer", "[2001:db8::1]:443", nil, "2001:db8::1"},
-		{"IPv4-mapped IPv6 is unmapped", "[::ffff:203.0.113.9]:1", nil, "203.0.113.9"},
-		{"IPv6 via trusted IPv6 proxy, with port in header", "[fd00::1]:80", []string{"[2001:db8::5]:1234"}, "2001:db8::5"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := httptest.NewRequest("GET", "/", nil)
-			r.RemoteAddr = tc.peer
-			for _, v := range tc.xff {
-				r.Header.Add("X-Forwarded-For", v)
-			}
-			got, err := ClientIP(r, trusted)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.String() != tc.want {
-				t.Fatalf("got %s, want %s", got, tc.want)
-			}
-		})
+// The cases every adapter shares run in conformance_test.go; these are
+// HTTP's own.
+
+func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
+
+// get serves a GET of path from peer with the header pairs kv.
+func get(h http.Handler, path, peer string, kv ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("GET", path, nil)
+	r.RemoteAddr = peer
+	for i := 0; i+1 < len(kv); i += 2 {
+		r.Header.Set(kv[i], kv[i+1])
 	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
 }
+
+func mustMiddleware(t *testing.T, cfg Config, limiters ...*pgratelimit.Limiter) func(http.Handler) http.Handler {
+	t.Helper()
+	mw, err := Middleware(cfg, limiters...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
+}
+
+var ok = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 
 func TestKeyFuncs(t *testing.T) {
 	r := httptest.NewRequest("GET", "/", nil)
@@ -52,17 +47,18 @@ func TestKeyFuncs(t *testing.T) {
 	if err != nil || k != "ip:2001:db8:1:2::/64" {
 		t.Fatalf("IPv6 /64: %q %v", k, err)
 	}
-	k, err = KeyByIP(IPKeyConfig{})(r)
-	if err != nil || k != "ip:2001:db8:1:2:3:4:5:6" {
-		t.Fatalf("IPv6: %q %v", k, err)
+	if a, err := ClientIP(r, nil); err != nil || a.String() != "2001:db8:1:2:3:4:5:6" {
+		t.Fatalf("ClientIP: %s %v", a, err)
 	}
 	r.RemoteAddr = "not an address"
-	if _, err := KeyByIP(IPKeyConfig{})(r); err == nil {
-		t.Fatal("bad remote address gave a key")
+	if _, err := KeyByIP(IPKeyConfig{})(r); !errors.Is(err, ErrNoKey) {
+		t.Fatalf("bad remote address: %v, want ErrNoKey", err)
 	}
-
-	if _, err := KeyByHeader("X-API-Key")(r); err == nil {
-		t.Fatal("missing header gave a key")
+	if _, err := ClientIP(r, nil); !errors.Is(err, ErrNoKey) {
+		t.Fatalf("ClientIP of a bad remote address: %v, want ErrNoKey", err)
+	}
+	if _, err := KeyByHeader("X-API-Key")(r); !errors.Is(err, ErrNoKey) {
+		t.Fatalf("missing header: %v, want ErrNoKey", err)
 	}
 	r.Header.Set("X-API-Key", "secret")
 	k, err = KeyByHeader("X-API-Key")(r)
@@ -72,33 +68,65 @@ func TestKeyFuncs(t *testing.T) {
 	}
 }
 
-func TestHeaderHelpers(t *testing.T) {
-	if got := sfString("a\"b\\c\r\nd\xff"); got != `"a\"b\\c??d?"` {
-		t.Fatalf("sfString: %s", got)
-	}
-	for d, want := range map[time.Duration]int64{0: 0, time.Nanosecond: 1, time.Second: 1, 1500 * time.Millisecond: 2} {
-		if got := ceilSeconds(d); got != want {
-			t.Fatalf("ceilSeconds(%s) = %d", d, got)
+// Only exact paths are exempt: no other route is reached through one.
+func TestExemptPaths(t *testing.T) {
+	exempt := ExemptPaths("/healthz", "/readyz")
+	for path, want := range map[string]bool{"/healthz": true, "/readyz": true, "/": false, "/healthz/": false, "/healthz/../x": false, "/readyz/x": false} {
+		if got := exempt(httptest.NewRequest("GET", path, nil)); got != want {
+			t.Errorf("%s: %v, want %v", path, got, want)
 		}
 	}
-	cfg := pgratelimit.Config{Capacity: 10, Refill: 3, Interval: 1500 * time.Millisecond}
-	if w := window(cfg, time.Now()); w != 6 { // 4 refills of 1.5s
-		t.Fatalf("window %d", w)
+}
+
+// LegacyHeaders adds the X-RateLimit fields of the limit RateLimit
+// reports; DeniedHandler and ErrorHandler answer denials and refusals.
+func TestHandlersAndLegacyHeaders(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	l, err := pgratelimit.New(testdb.Pool(t), pgratelimit.Config{Prefix: "lg", Capacity: 2, Refill: 1, Interval: time.Minute, Clock: func() time.Time { return t0 }})
+	if err != nil {
+		t.Fatal(err)
 	}
-	cfg = pgratelimit.Config{Capacity: 1 << 62, Refill: 1, Interval: 100 * 365 * 24 * time.Hour}
-	if w := window(cfg, time.Now()); w <= 0 {
-		t.Fatalf("huge window overflowed: %d", w)
+	var refused error
+	h := mustMiddleware(t, Config{
+		KeyFunc:       KeyByHeader("X-API-Key"),
+		LegacyHeaders: true,
+		DeniedHandler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }),
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			refused = err
+			w.WriteHeader(http.StatusUnauthorized)
+		},
+	}, l)(ok)
+	w := get(h, "/", "192.0.2.1:1", "X-API-Key", "k")
+	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Limit") != "2" || w.Header().Get("X-RateLimit-Remaining") != "1" || w.Header().Get("X-RateLimit-Reset") != "60" {
+		t.Fatalf("allowed: %d %v", w.Code, w.Header())
 	}
-	// A calendar's window: the seconds left until an empty bucket is full,
-	// the rest of the month for a quota that resets, two boundaries for one
-	// that needs two refills.
-	now := time.Date(2026, 2, 10, 12, 0, 0, 0, time.UTC)
-	cfg = pgratelimit.Config{Capacity: 1000, Refill: 1000, Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}}
-	if w, want := window(cfg, now), int64(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC).Sub(now)/time.Second); w != want {
-		t.Fatalf("monthly window %d, want %d (to March 1st)", w, want)
+	get(h, "/", "192.0.2.1:1", "X-API-Key", "k")
+	if w := get(h, "/", "192.0.2.1:1", "X-API-Key", "k"); w.Code != http.StatusTeapot || w.Header().Get("Retry-After") != "60" || w.Header().Get("X-RateLimit-Remaining") != "0" {
+		t.Fatalf("denied: %d %v", w.Code, w.Header())
 	}
-	cfg.Capacity = 1500
-	if w, want := window(cfg, now), int64(time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC).Sub(now)/time.Second); w != want {
-		t.Fatalf("rollover window %d, want %d (to April 1st)", w, want)
+	if w := get(h, "/", "192.0.2.1:1"); w.Code != http.StatusUnauthorized || !errors.Is(refused, ErrNoKey) {
+		t.Fatalf("no key: %d %v", w.Code, refused)
+	}
+}
+
+// A handler's panic releases the request's lease, and comes through.
+func TestPanicReleasesLease(t *testing.T) {
+	t.Parallel()
+	s, err := pgratelimit.NewSemaphore(testdb.Pool(t), pgratelimit.SemaphoreConfig{Prefix: "conc", Max: 1, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mustMiddleware(t, Config{Semaphore: s})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the handler's panic did not come through")
+			}
+		}()
+		get(h, "/", "203.0.113.9:1")
+	}()
+	if ls, err := s.Leases(context.Background(), "ip:203.0.113.9"); err != nil || len(ls) != 0 {
+		t.Fatalf("after the panic: leases %+v %v", ls, err)
 	}
 }

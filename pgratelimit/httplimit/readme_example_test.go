@@ -32,12 +32,15 @@ func ExampleMiddleware() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw := httplimit.Middleware(limiter, httplimit.Options{
+	mw, err := httplimit.Middleware(httplimit.Config{
 		KeyFunc: httplimit.KeyByIP(httplimit.IPKeyConfig{
 			TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, // your load balancers
 		}),
 		Exempt: httplimit.ExemptPaths("/healthz"),
-	})
+	}, limiter)
+	if err != nil {
+		log.Fatal(err)
+	}
 	app := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	// A service serves it: log.Fatal(http.ListenAndServe(":8080", app))
 	for _, path := range []string{"/a", "/b", "/c", "/healthz"} {
@@ -66,16 +69,55 @@ func Example_readmeShadow() {
 	exportHandler := http.NotFoundHandler()
 	// A new limit on exports, in shadow mode behind the enforced API limit
 	// (api, a *pgratelimit.Limiter already in use).
-	enforced := httplimit.Middleware(api, httplimit.Options{})
+	enforced, err := httplimit.Middleware(httplimit.Config{}, api)
+	if err != nil {
+		log.Fatal(err)
+	}
 	exports, err := pgratelimit.New(pool, pgratelimit.Config{
 		Prefix: "exports", Capacity: 10, Refill: 10, Interval: time.Hour,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	shadowed := httplimit.Middleware(exports, httplimit.Options{
+	shadowed, err := httplimit.Middleware(httplimit.Config{
 		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
 		Shadow:  true,
-	})
+	}, exports)
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux.Handle("/exports/", enforced(shadowed(exportHandler)))
+}
+
+// docs/middleware.md: Two policies per API key, per second and per day, enforced together, and
+// the limits picked per request from the customer's plan.
+func ExampleConfig_limiters() {
+	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit := func(prefix string, n int64, per time.Duration) *pgratelimit.Limiter {
+		l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: prefix, Capacity: n, Refill: n, Interval: per})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return l
+	}
+	plans := map[string][]*pgratelimit.Limiter{
+		"free": {limit("second", 2, time.Second), limit("day", 1_000, 24*time.Hour)},
+		"pro":  {limit("second", 50, time.Second), limit("day", 100_000, 24*time.Hour)},
+	}
+	planOf := func(apiKeyHash string) string { return "free" } // your lookup
+
+	mw, err := httplimit.Middleware(httplimit.Config{
+		KeyFunc: httplimit.KeyByHeader("X-API-Key"),
+		Limiters: func(r *http.Request, key string) ([]*pgratelimit.Limiter, error) {
+			return plans[planOf(key)], nil
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok")) })
+	log.Fatal(http.ListenAndServe("127.0.0.1:8080", mw(api)))
 }

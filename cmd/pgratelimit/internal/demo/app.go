@@ -197,7 +197,7 @@ func (a *app) apply(ctx context.Context, cfg pgratelimit.Config, key string) (*p
 func (a *app) shutdown() { a.doneOnce.Do(func() { close(a.done) }) }
 
 // handler is the demo's whole HTTP surface.
-func (a *app) handler() http.Handler {
+func (a *app) handler() (http.Handler, error) {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(webFiles, "web")
 	mux.Handle("GET /", http.FileServerFS(static))
@@ -205,18 +205,24 @@ func (a *app) handler() http.Handler {
 	hello := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "hello from behind the rate limiter")
 	})
-	opts := func(pick func(p *policy) []*pgratelimit.Limiter) httplimit.Options {
-		return httplimit.Options{
+	limit := func(pick func(p *policy) []*pgratelimit.Limiter) (func(http.Handler) http.Handler, error) {
+		return httplimit.Middleware(httplimit.Config{
 			KeyFunc: a.key,
 			Cost:    costParam,
 			Logger:  a.log,
 			Limiters: func(*http.Request, string) ([]*pgratelimit.Limiter, error) {
 				return pick(a.cur.Load()), nil
 			},
-		}
+		})
 	}
-	one := httplimit.MiddlewareAll(nil, opts(func(p *policy) []*pgratelimit.Limiter { return []*pgratelimit.Limiter{p.l} }))
-	two := httplimit.MiddlewareAll(nil, opts(func(p *policy) []*pgratelimit.Limiter { return []*pgratelimit.Limiter{p.l, p.minute} }))
+	one, err := limit(func(p *policy) []*pgratelimit.Limiter { return []*pgratelimit.Limiter{p.l} })
+	if err != nil {
+		return nil, err
+	}
+	two, err := limit(func(p *policy) []*pgratelimit.Limiter { return []*pgratelimit.Limiter{p.l, p.minute} })
+	if err != nil {
+		return nil, err
+	}
 	mux.Handle("GET /api/limited", a.bounded(one(hello)))
 	mux.Handle("GET /api/two-limits", a.bounded(two(hello)))
 
@@ -231,7 +237,7 @@ func (a *app) handler() http.Handler {
 	mux.Handle("POST /api/jobs/start", a.bounded(http.HandlerFunc(a.serveJobStart)))
 	mux.Handle("POST /api/jobs/kill", a.bounded(http.HandlerFunc(a.serveJobKill)))
 	mux.Handle("POST /api/jobs/reset", a.bounded(http.HandlerFunc(a.serveJobsReset)))
-	return mux
+	return mux, nil
 }
 
 // bounded bounds a request's database work by the app's timeout (the

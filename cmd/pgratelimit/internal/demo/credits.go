@@ -12,8 +12,8 @@ import (
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
+	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
-	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
 )
 
 // creditsPolicy is the credits scenario's limiter: 100 credits a month, the
@@ -146,7 +146,7 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	res := m.Results[0]
 	out := chargeJSON{Allowed: m.Allowed, Cost: cost, Quota: res.Remaining, Capacity: res.Limit, Granted: res.Granted}
-	f := httplimit.FieldsFor(ls, m)
+	f := middleware.FieldsFor(ls, m)
 	w.Header().Set("RateLimit-Policy", f.Policy)
 	w.Header().Set("RateLimit", f.RateLimit)
 	status := http.StatusOK

@@ -111,7 +111,11 @@ func run(ctx context.Context, o Options) error {
 		return err
 	}
 	defer stopConsumer()
-	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
+	h, err := a.handler()
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	srv.RegisterOnShutdown(a.shutdown)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

@@ -47,8 +47,7 @@ type stateJSON struct {
 
 func describePolicy(p *policy) policyJSON {
 	c, m := p.cfg, p.minute.Config()
-	refills := (c.Capacity + c.Refill - 1) / c.Refill
-	window := time.Duration(refills) * c.Interval
+	window := p.l.Window(pgratelimit.Result{}) // an empty bucket's: RateLimit-Policy's w
 	return policyJSON{
 		Gen: p.gen, Prefix: c.Prefix, Capacity: c.Capacity, Refill: c.Refill,
 		Interval: c.Interval.String(), IntervalMS: c.Interval.Milliseconds(), Storage: storageName(c.Storage),
