@@ -19,7 +19,8 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // TestREADMERuns does what the README asks of a reader, on one fresh
 // database: it makes a module of its own with the Install section's
-// `go mod edit -replace` lines (the clone being this working tree), pastes
+// `go mod edit -replace` lines (the clone being this working tree; once
+// released, with none, it replaces the library and the adapters), pastes
 // every Go block into it as the README shows it (the program, the quick
 // start, as main.go; each block holding an Example as a _test.go file next
 // to it), runs go mod tidy, and then runs everything twice: the program
@@ -237,18 +238,23 @@ func newScratchModule(t *testing.T, root, md string) scratchModule {
 	m := scratchModule{dir: t.TempDir(), goBin: goBin}
 	m.goCmd(t, "", "mod", "init", "example.com/readme")
 	replaces := installReplace.FindAllStringSubmatch(md, -1)
-	if len(replaces) == 0 {
-		t.Fatal("README.md: no `go mod edit -replace ...=$HOME/src/pgratelimit...` line in Install")
+	if len(replaces) == 0 { // released: no clone to replace with, but the test is of this tree
+		const lib = "github.com/pgratelimit/pgratelimit"
+		replaces = [][]string{{"", lib, ""}, {"", lib + "/grpclimit", "/grpclimit"}, {"", lib + "/connectlimit", "/connectlimit"}}
 	}
 	// The tree's go.sum files, so that go mod tidy needs no checksum database
 	// for what the module cache holds.
 	var sum []byte
 	for _, r := range replaces {
 		dir := filepath.Join(root, filepath.FromSlash(strings.TrimPrefix(r[2], "/")))
+		gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err != nil || !strings.HasPrefix(string(gomod), "module "+r[1]+"\n") {
+			t.Fatalf("README.md's Install replaces %s with the clone's %s, which is not that module (%v)", r[1], r[2]+"/", err)
+		}
 		m.goCmd(t, "", "mod", "edit", "-replace", r[1]+"="+dir)
 		b, err := os.ReadFile(filepath.Join(dir, "go.sum"))
 		if err != nil {
-			t.Fatalf("README.md's Install replaces %s with %s: %v", r[1], dir, err)
+			t.Fatal(err)
 		}
 		sum = append(sum, b...)
 	}
