@@ -12,12 +12,9 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/pgratelimit/pgratelimit/connectlimit"
-	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -73,25 +70,18 @@ func ExampleConfig_shadow() {
 }
 
 // A Connect handler limited per client address, with the health check
-// exempt, and a client that sees the denial's code and RetryInfo detail
-// (the README's Connect block is from here).
+// exempt, and a client that sees the denial (the README's Connect block is
+// this example, with its imports).
 func Example_readme() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // migrated: see the quick start
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if err := migrations.Up(ctx, stdlib.OpenDBFromPool(pool)); err != nil {
-		log.Fatal(err)
-	}
 	limiter, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "connect", Capacity: 1, Refill: 1, Interval: time.Hour})
 	if err != nil {
 		log.Fatal(err)
-	}
-	const procedure = "/echo.v1.EchoService/Echo"
-	echo := func(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
-		return connect.NewResponse(req.Msg), nil
 	}
 	limit, err := connectlimit.NewInterceptor(connectlimit.Config{
 		Exempt: connectlimit.ExemptProcedures("grpc.health.v1.Health"),
@@ -99,32 +89,31 @@ func Example_readme() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux := http.NewServeMux() // a generated handler: mux.Handle(echov1connect.NewEchoServiceHandler(svc, connect.WithInterceptors(limit)))
+	// An echo service; a generated handler takes the same option:
+	// mux.Handle(echov1connect.NewEchoServiceHandler(svc, connect.WithInterceptors(limit)))
+	const procedure = "/echo.v1.EchoService/Echo"
+	echo := func(_ context.Context, req *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
+		return connect.NewResponse(req.Msg), nil
+	}
+	mux := http.NewServeMux()
 	mux.Handle(procedure, connect.NewUnaryHandler(procedure, echo, connect.WithInterceptors(limit)))
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(mux) // a service serves it: log.Fatal(http.ListenAndServe(":8080", mux))
 	defer srv.Close()
 
 	client := connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](srv.Client(), srv.URL+procedure)
 	for range 2 {
 		_, err := client.CallUnary(ctx, connect.NewRequest(wrapperspb.String("hi")))
-		if err == nil {
-			fmt.Println("ok")
+		var denied *connect.Error
+		if errors.As(err, &denied) {
+			fmt.Println(denied.Code(), "retry after", denied.Meta().Get("Retry-After") != "")
 			continue
 		}
-		var wait time.Duration
-		var cerr *connect.Error
-		if errors.As(err, &cerr) {
-			for _, d := range cerr.Details() {
-				if v, _ := d.Value(); v != nil {
-					if info, ok := v.(*errdetails.RetryInfo); ok {
-						wait = info.GetRetryDelay().AsDuration()
-					}
-				}
-			}
+		if err != nil {
+			log.Fatal(err)
 		}
-		fmt.Println(connect.CodeOf(err), wait > 0)
+		fmt.Println("ok")
 	}
 	// Output:
 	// ok
-	// resource_exhausted true
+	// resource_exhausted retry after true
 }

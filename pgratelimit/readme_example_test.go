@@ -79,7 +79,9 @@ func Example_severalLimits() {
 		log.Fatal(err)
 	}
 	// A report costs 1 of the minute's 10 and 5 of the day's 12, charged in
-	// the transaction that writes it: all or nothing, and only if it commits.
+	// the transaction that writes it: all or nothing, only if it commits, and
+	// once per report however often its request is retried.
+	ctx = pgratelimit.WithRequestID(ctx, "report-1001")
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		log.Fatal(err)
@@ -127,9 +129,11 @@ func ExampleSemaphore() {
 			return
 		}
 		fmt.Println("lease", res.Lease.Token > 0) // its fencing token: pass it to what the export writes
-		// The holder extends it every TTL/3 while it works, and releases it
-		// when done; one that dies stops, and the slot comes back at the TTL:
-		// exports.Extend(ctx, "org-42", res.Lease.ID), exports.Release(ctx, "org-42", res.Lease.ID)
+		// Released when the export is done (here: when the example returns).
+		defer exports.Release(ctx, "org-42", res.Lease.ID)
+		// While it works, the holder extends it every TTL/3:
+		// exports.Extend(ctx, "org-42", res.Lease.ID); one that dies stops
+		// extending, and its slot comes back at the TTL.
 	}
 	// Output:
 	// lease true

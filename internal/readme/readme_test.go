@@ -1,8 +1,10 @@
 // Package readme checks the documentation: that the Go code in README.md and
 // docs/*.md is code the build compiles (make test, with go vet and go test,
-// compiles the files this test compares the blocks with), and that every
-// relative link in the repository's Markdown files resolves, anchors
-// included (links_test.go).
+// compiles the files this test compares the blocks with), that the README's
+// blocks run as a reader pastes them, twice (run_test.go), that its figures
+// are docs/performance.md's (figures_test.go), and that every relative link
+// in the repository's Markdown files resolves, anchors included
+// (links_test.go).
 package readme
 
 import (
@@ -14,9 +16,11 @@ import (
 )
 
 // compiled are the files, relative to the repository's root, whose code the
-// README's blocks are found in: a block that is a whole program is one of
-// programs; any other (an Example function, or a fragment of one) appears,
-// line for line, in one of fragments. TestREADMERuns runs them.
+// documentation's blocks are found in: a block that is a whole program is
+// one of programs; any other (a _test.go file of package main holding an
+// Example function, or in docs/*.md a fragment of one) appears, line for
+// line after its package clause and imports, in one of fragments.
+// TestREADMERuns runs the README's.
 var (
 	programs  = []string{"internal/readme/quickstart/main.go"}
 	fragments = []string{
@@ -59,12 +63,17 @@ func TestREADMECodeCompiles(t *testing.T) {
 		rel, _ := filepath.Rel(root, doc)
 		for _, blk := range goBlocks(string(b)) {
 			n++
+			if rel == "README.md" && !strings.HasPrefix(blk.code, "package ") {
+				t.Errorf("%s:%d: this Go block is not a whole file: show it with its package clause and imports, as a reader pastes it", rel, blk.line)
+				continue
+			}
 			code := normalize(blk.code)
 			var found bool
-			if strings.HasPrefix(code, "package main\n") {
+			if isProgram(blk.code) {
 				found = contains(progs, func(p string) bool { return p == code })
 			} else {
-				found = contains(frags, func(f string) bool { return strings.Contains("\n"+f, "\n"+code) })
+				body := normalize(withoutHeader(blk.code))
+				found = contains(frags, func(f string) bool { return strings.Contains("\n"+f, "\n"+body) })
 			}
 			if !found {
 				t.Errorf("%s:%d: this Go block is not compiled code: make it a whole program in one of %v, or put it, line for line, in an example in one of %v",
@@ -89,7 +98,35 @@ func contains(ss []string, f func(string) bool) bool {
 
 type block struct {
 	line int // of the opening fence, 1-based
+	end  int // of the closing fence, 1-based
 	code string
+}
+
+// isProgram reports whether a block is a whole program (one with a main).
+func isProgram(code string) bool { return strings.Contains(code, "\nfunc main() {") }
+
+// withoutHeader is code without its package clause and imports: the
+// Example function (or fragment) that sits in a compiled file.
+func withoutHeader(code string) string {
+	lines := strings.Split(code, "\n")
+	i := 0
+	for i < len(lines) {
+		l := strings.TrimSpace(lines[i])
+		switch {
+		case l == "" || strings.HasPrefix(l, "package "):
+			i++
+		case l == "import (":
+			for i < len(lines) && strings.TrimSpace(lines[i]) != ")" {
+				i++
+			}
+			i++
+		case strings.HasPrefix(l, "import "):
+			i++
+		default:
+			return strings.Join(lines[i:], "\n")
+		}
+	}
+	return ""
 }
 
 // goBlocks returns the ```go blocks of a Markdown text.
@@ -102,6 +139,7 @@ func goBlocks(md string) []block {
 		case cur == nil && strings.HasPrefix(l, "```go"):
 			cur, body = &block{line: i + 1}, nil
 		case cur != nil && strings.HasPrefix(l, "```"):
+			cur.end = i + 1
 			cur.code = strings.Join(body, "\n")
 			out = append(out, *cur)
 			cur = nil
