@@ -64,8 +64,6 @@ type EventStatements struct {
 	Newest string
 	// After is Newest oldest first: the first $5 events after ID $4.
 	After string
-	// Listen listens for the notifications of EventsChannel.
-	Listen string
 }
 
 // eventColumns are the columns an Event is read from.
@@ -90,6 +88,5 @@ LIMIT $1 FOR UPDATE SKIP LOCKED`,
 WHERE id = $1`,
 		Newest: list + `DESC LIMIT $5`,
 		After:  list + `LIMIT $5`,
-		Listen: `LISTEN ` + pgx.Identifier{EventsChannel}.Sanitize(),
 	}
 }()
