@@ -321,7 +321,7 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 	)
 	list := engine.Stmt{SQL: lease.StatementsOf(s.storage()).List, Args: []any{s.cfg.Prefix, key, s.clock.Param()},
 		Scan: func(rs engine.RowScanner) error { return scanLeaseList(rs, &ls, &now) }}
-	if err := s.read(ctx, "list the leases of "+quoteKey(key), list); err != nil {
+	if err := s.client.read(ctx, s.tx, "list the leases of "+quoteKey(key), list); err != nil {
 		return nil, err
 	}
 	live := lease.Live(ls, now)

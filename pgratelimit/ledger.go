@@ -114,7 +114,7 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 		}
 		return rs.Err()
 	}}
-	if err := l.read(ctx, "read the ledger of "+quoteKey(key), []engine.Stmt{list}); err != nil {
+	if err := l.client.read(ctx, l.tx, "read the ledger of "+quoteKey(key), list); err != nil {
 		return nil, err
 	}
 	return es, nil

@@ -223,7 +223,7 @@ func (cl call) run(charges []Charge, tx *Tx) error {
 	set, co := settingsOf(charges), coalesces(charges)
 	client, _ := charges[0].owner()
 	if tx != nil {
-		return runInTx(client, cl.q.Ctx, tx.ex, cl.q, set, "check")
+		return client.runIn(cl.q.Ctx, tx, cl.q, set, "check")
 	}
 	var seen func(context.Context, int)
 	if l := charges[0].lim; l != nil {
