@@ -319,9 +319,7 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 		ls  []lease.Lease
 		now time.Time
 	)
-	list := engine.Stmt{SQL: lease.StatementsOf(s.storage()).List, Args: []any{s.cfg.Prefix, key, s.clock.Param()},
-		Scan: func(rs engine.RowScanner) error { return scanLeaseList(rs, &ls, &now) }}
-	if err := s.client.read(ctx, s.tx, "list the leases of "+quoteKey(key), list); err != nil {
+	if err := s.client.read(ctx, s.tx, "list the leases of "+quoteKey(key), lease.ReadList(s.row(key), s.clock.Param(), &ls, &now)); err != nil {
 		return nil, err
 	}
 	live := lease.Live(ls, now)
@@ -331,23 +329,6 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 		out = append(out, leaseOf(key, l))
 	}
 	return out, nil
-}
-
-func scanLeaseList(rs engine.RowScanner, ls *[]lease.Lease, now *time.Time) error {
-	for rs.Next() {
-		var col *string
-		if err := rs.Scan(&col, now); err != nil {
-			return err
-		}
-		if col != nil {
-			got, err := lease.Decode(*col)
-			if err != nil {
-				return err
-			}
-			*ls = append(*ls, got...)
-		}
-	}
-	return rs.Err()
 }
 
 // validate checks a key and a weight before any database access.

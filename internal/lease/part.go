@@ -157,3 +157,25 @@ func full(lim Limit, ls []Lease, now time.Time) bool {
 func (p Part) op(call *Call, c engine.Charge) Op {
 	return Op{Kind: p.Kind, ID: call.ID, Weight: c.Cost}
 }
+
+// ReadList reads the leases of row r's column (expired ones too: see Live)
+// into ls, and the check's clock (clock, a Clock's Param, or the
+// database's) into now.
+func ReadList(r engine.Row, clock any, ls *[]Lease, now *time.Time) engine.Stmt {
+	return engine.Stmt{SQL: StatementsOf(r.Storage).List, Args: []any{r.Prefix, r.Key, clock}, Scan: func(rs engine.RowScanner) error {
+		for rs.Next() {
+			var col *string
+			if err := rs.Scan(&col, now); err != nil {
+				return err
+			}
+			if col != nil {
+				got, err := Decode(*col)
+				if err != nil {
+					return err
+				}
+				*ls = append(*ls, got...)
+			}
+		}
+		return rs.Err()
+	}}
+}
