@@ -371,8 +371,9 @@ func (s *Semaphore) decided(key string, call *lease.Call) {
 
 // request is a request of one operation of kind on key, with call.
 func (s *Semaphore) request(ctx context.Context, call *lease.Call, kind lease.Kind, key string, weight int64) *engine.Request {
-	return &engine.Request{Ctx: lease.WithCall(ctx, call), Kind: account.OpCharge,
-		Charges: []engine.Charge{s.charge(kind, key, weight)}}
+	c := s.charge(kind, key, weight)
+	c.Call = call
+	return &engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: []engine.Charge{c}}
 }
 
 // settings are what a transaction of s's operations shares with others.

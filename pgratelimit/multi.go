@@ -358,9 +358,9 @@ func (cl *call) addLease(i int, c Charge, first Charge) error {
 			id = rand.Text()
 		}
 		cl.lease = &lease.Call{ID: id}
-		cl.q.Ctx = lease.WithCall(cl.q.Ctx, cl.lease)
 	}
 	q, ch := cl.q, s.charge(lease.Acquire, c.key, 0)
+	ch.Call = cl.lease
 	j := slices.IndexFunc(q.Charges, func(o engine.Charge) bool { return o.Row == ch.Row })
 	switch {
 	case j < 0:

@@ -97,7 +97,7 @@ func (st *state) scanTokens(rs engine.RowScanner) error {
 // far; it changes nothing. Its outcome, or the lease an error found, goes to
 // q's Call.
 func (p Part) Decide(a *engine.Attempt, q *engine.Request, c engine.Charge) (account.Outcome, error) {
-	st, call := stateOf(a), callOf(q)
+	st, call := stateOf(a), callOf(c)
 	switch {
 	case call == nil:
 		return account.Outcome{}, errors.New("pgratelimit: a lease operation without its call") // a bug of ours
@@ -122,7 +122,7 @@ func (p Part) Decide(a *engine.Attempt, q *engine.Request, c engine.Charge) (acc
 // Take applies c, decided and allowed with the rest of q, to its key's
 // leases: a new lease gets the next fencing token.
 func (p Part) Take(a *engine.Attempt, q *engine.Request, c engine.Charge) {
-	st, call := stateOf(a), callOf(q)
+	st, call := stateOf(a), callOf(c)
 	ks, now := st.keys[c.Row], a.Now() // Decide made it
 	op := p.op(call, c)
 	if p.Kind == Acquire {
