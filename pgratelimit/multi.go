@@ -339,7 +339,7 @@ func (cl *call) add(i int, c Charge, first Charge) error {
 	if cl.of != nil {
 		cl.of[i] = j
 	}
-	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Grants {
+	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Policy.Grants {
 		return badArg(ErrCostExceedsCapacity, "the costs of %s of prefix %q add up to %d, capacity %d", quoteKey(c.key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
 	}
 	return nil

@@ -9,12 +9,18 @@ import (
 // rounding keeps it unchanged across most writes of a busy row.
 const ExpiryGranularity = time.Minute
 
-// Policy is a bucket's parameters: at most Capacity tokens, Refill more at
-// every boundary of Schedule. Capacity and Refill are > 0.
+// Policy is a key's account: a bucket of at most Capacity tokens, Refill
+// more at every boundary of Schedule (Capacity and Refill are > 0), and the
+// parts it keeps besides: its grants (Grants: spent after the bucket), a
+// ledger (Ledger: a Change has its entries, a grant made is marked so), and
+// the records of request IDs, each remembered for Retention.
 type Policy struct {
-	Capacity int64
-	Refill   int64
-	Schedule Schedule
+	Capacity  int64
+	Refill    int64
+	Schedule  Schedule
+	Grants    bool
+	Ledger    bool
+	Retention time.Duration
 }
 
 // Bucket is a key's bucket as stored: Tokens as of RefilledAt, a boundary of

@@ -93,9 +93,6 @@ type Charge struct {
 	Row       Row
 	Policy    account.Policy
 	Cost      int64
-	Grants    bool          // the key's grants are part of its account
-	Ledger    bool          // write ledger entries
-	Retention time.Duration // how long the bucket remembers request IDs
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part

@@ -49,7 +49,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 		p.grants = p.grants || q.Kind == account.OpGrant
 		for _, c := range q.Charges {
 			p.rows = append(p.rows, c.Row)
-			p.spendsGrants = p.spendsGrants || c.Grants
+			p.spendsGrants = p.spendsGrants || c.Policy.Grants
 			p.readsData = p.readsData || c.Part != nil
 			noInsert = noInsert || c.NoInsert
 			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge && c.Part == nil {
