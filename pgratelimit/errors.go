@@ -31,9 +31,12 @@ var (
 	// access rather than denied forever.
 	ErrCostExceedsCapacity = errors.New("pgratelimit: cost exceeds capacity")
 
-	// ErrLockTimeout is returned when a check waited longer than
-	// Config.LockTimeout for its bucket's row lock. Nothing was spent: the
-	// check can be retried.
+	// ErrLockTimeout is returned when an operation waited longer than
+	// Config.LockTimeout for its bucket's row lock (or, in the caller's
+	// transaction, than the lock_timeout set there). Nothing was spent: it
+	// can be retried. Only row-lock waits are bounded: a transaction's
+	// COMMIT is never cut short, and a Semaphore, which has no LockTimeout,
+	// never returns it from transactions of its own.
 	ErrLockTimeout = engine.ErrLockTimeout
 
 	// ErrNotMigrated is returned when the bucket tables do not exist in the

@@ -381,7 +381,7 @@ func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bo
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	probe := "\x01probe " + hex.EncodeToString(b[:])
-	if _, err := c.pool.Exec(ctx, sqlgen.Alerts.Notify, EventsChannel, probe); err != nil {
+	if _, err := c.pool.Exec(ctx, sqlgen.Notify.One, EventsChannel, probe); err != nil {
 		return true, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, probeWait)

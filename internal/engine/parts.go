@@ -49,6 +49,10 @@ type Observer interface {
 	Follow(a *Attempt) []Stmt
 	// Write returns the statements to write before COMMIT.
 	Write(a *Attempt) []Stmt
+	// Committed is told that a, a transaction of its own, committed
+	// (never for the caller's transaction, whose end the engine does not
+	// see).
+	Committed(a *Attempt)
 }
 
 // Now is the clock of a's decisions: the database's, read after the locks,
@@ -63,6 +67,26 @@ func (a *Attempt) Held(r Row) bool { return a.state[r] != nil }
 // them), "" when NULL or when a does not hold r. The engine reads it with
 // the lock, in the same statement, and never writes it: its Part does.
 func (a *Attempt) Data(r Row) string { return a.data[r] }
+
+// Notify has a send a notification on channel with payload, delivered by
+// PostgreSQL when a commits (never if it does not), once however often a
+// transaction asks. A part or an observer calls it from Write; the engine
+// sends every notification of a in one statement before COMMIT.
+//
+// The COMMIT of a transaction that notified waits for PostgreSQL's
+// notification queue lock, one for the whole cluster, which every other
+// committing notifier holds in turn: in a transaction of its own, that
+// statement also lifts the lock_timeout the transaction set for its row
+// locks (InsertGuard, Config.LockTimeout), so that a busy queue delays the
+// COMMIT (within the context) but never fails it as a lock timeout.
+func (a *Attempt) Notify(channel, payload string) {
+	for _, n := range a.notes {
+		if n[0] == channel && n[1] == payload {
+			return
+		}
+	}
+	a.notes = append(a.notes, []any{channel, payload})
+}
 
 // Own says whether a is a transaction of its own (else the caller's).
 func (a *Attempt) Own() bool { return a.own }
@@ -129,6 +153,13 @@ func containsObserver(os []Observer, o Observer) bool {
 		}
 	}
 	return false
+}
+
+// committed tells a's observers that a committed.
+func (a *Attempt) committed() {
+	for _, o := range a.observers() {
+		o.Committed(a)
+	}
 }
 
 // follow returns the statements of a's observers to run between decision
