@@ -85,7 +85,7 @@ func (o *Observer) Observe(a *engine.Attempt, q *engine.Request, c engine.Charge
 	bal := Of(ch.Outcome)
 	switch {
 	case taken:
-		mask = o.cfg.Spec.Crossed(Of(before), bal)
+		mask = o.cfg.Spec.Crossed(o.unseen(a, c, Of(before)), bal)
 	case !ch.Allowed && q.Kind == account.OpCharge:
 		mask, bal = o.cfg.Spec.Denied(), Of(before)
 	}
@@ -102,6 +102,19 @@ func (o *Observer) Observe(a *engine.Attempt, q *engine.Request, c engine.Charge
 		st.ids = append(st.ids, id)
 	}
 	st.cands = append(st.cands, candidate{obs: o, id: id, start: start, end: end, mask: mask, bal: bal, reqID: q.ID})
+}
+
+// unseen is before, the balance c's account holds just before c, raised to
+// what its row held when last written if that was more: a balance that fell
+// with no operation (grants that expired, a smaller plan that clamped the
+// tokens) crossed its Below lines unseen, and the first operation taken
+// after it tells them, if the balance it leaves is still at or below them.
+// The bucket's tokens (Used lines) stay before's.
+func (o *Observer) unseen(a *engine.Attempt, c engine.Charge, before Balance) Balance {
+	if w := account.Written(c.Policy, a.Account(c.Row), a.Now()); w > before.Total() {
+		before.Granted = account.AddSat(before.Granted, account.AddSat(w, -before.Total())) // Total >= -MaxInt64
+	}
+	return before
 }
 
 // Follow reads the alert state of every key and period a charge may fire

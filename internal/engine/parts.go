@@ -62,6 +62,15 @@ func (a *Attempt) Now() time.Time { return a.now }
 // Held says whether a holds r's lock (r was not skipped).
 func (a *Attempt) Held(r Row) bool { return a.state[r] != nil }
 
+// Account is r's account as a's decisions so far left it (as locked, for
+// the first request on r); the zero State when a does not hold r.
+func (a *Attempt) Account(r Row) account.State {
+	if st := a.state[r]; st != nil {
+		return *st
+	}
+	return account.State{}
+}
+
 // Data is the leases column of r as a locked it (the data of the Part that
 // decides r's charges: a key's concurrency leases, as internal/lease writes
 // them), "" when NULL or when a does not hold r. The engine reads it with
