@@ -26,9 +26,14 @@ var (
 	// ErrInvalidCost is returned for a cost (or refund) below 1.
 	ErrInvalidCost = errors.New("pgratelimit: invalid cost")
 
-	// ErrCostExceedsCapacity is returned for a cost above Config.Capacity: such
-	// a check could never be allowed, so it is refused before any database
-	// access rather than denied forever.
+	// ErrCostExceedsCapacity is returned for a cost above Config.Capacity
+	// (summed per bucket in AllowAll) of a limiter without Config.Grants,
+	// and for a lease's weight above SemaphoreConfig.Max: such a call could
+	// never be allowed, so it is refused before any database access rather
+	// than denied forever. With Grants, a cost above Capacity is not an
+	// error: the key's grants may cover the rest, and the check is decided
+	// (allowed or denied, RetryAfter InfDuration when refills and grants
+	// never can) like any other.
 	ErrCostExceedsCapacity = errors.New("pgratelimit: cost exceeds capacity")
 
 	// ErrLockTimeout is returned when an operation waited longer than
