@@ -302,3 +302,38 @@ func TestAlertsUnseenDrops(t *testing.T) {
 		require.Empty(t, listEvents(t, pool, "up"))
 	})
 }
+
+// A transaction that fired a line and then failed to commit (here a
+// deferred trigger's serialization failure, once, which the engine retries)
+// teaches the limiter nothing: its retry fires the line, and the event
+// exists once.
+func TestAlertsFiredOnlyWhenCommitted(t *testing.T) {
+	t.Parallel()
+	skipOnDistributed(t, "a trigger on a coordinator table")
+	ctx := context.Background()
+	pool := newPool(t)
+	for _, ddl := range []string{
+		`CREATE SEQUENCE flaky_once`,
+		`CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF nextval('flaky_once') = 1 THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER flaky AFTER INSERT ON pgratelimit_events DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW EXECUTE FUNCTION flaky()`,
+	} {
+		_, err := pool.Exec(ctx, ddl)
+		require.NoError(t, err)
+	}
+	l := alertLimiter(t, pool, pgratelimit.Config{Prefix: "rb", Capacity: 10, Refill: 10,
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Alerts: pgratelimit.Alerts{Exhausted: true}})
+	_, err := l.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	r, err := l.AllowN(ctx, "k", 1) // fires; its first COMMIT fails
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, []line{exhausted()}, lines(listEvents(t, pool, "rb")))
+	var tries int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_value FROM flaky_once`).Scan(&tries))
+	require.Equal(t, int64(2), tries, "the event's first COMMIT failed, its retry committed")
+	_, err = l.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, []line{exhausted()}, lines(listEvents(t, pool, "rb")))
+}
