@@ -257,10 +257,11 @@ type Result struct {
 	// Remaining is the number of tokens left after this check.
 	Remaining int64
 	// RetryAfter is, for a denied check, how long until enough whole refills
-	// have happened for the same cost to be allowed (if nothing else takes
-	// tokens meanwhile, and no grant expires). Zero when allowed;
-	// InfDuration when refills alone never can (a cost above Capacity plus
-	// the key's grants).
+	// have happened for the same cost to be allowed, if nothing else takes
+	// or gives tokens meanwhile: the key's grants count only while they
+	// live (one that expires before then is counted out). Zero when
+	// allowed; InfDuration when refills never can (a cost above Capacity
+	// plus the grants still live by then).
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration

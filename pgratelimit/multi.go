@@ -83,7 +83,8 @@ type MultiResult struct {
 // Every Limiter and Semaphore must use the same pool; otherwise, and for a
 // charge with neither or both, or no charges, the error wraps
 // ErrInvalidConfig. A bad key, a cost below 1, or a cost (summed per
-// bucket) above that bucket's Capacity (a semaphore's Max) is
+// bucket) above that bucket's Capacity (of a limiter without Grants; a
+// semaphore's Max) is
 // ErrInvalidKey, ErrInvalidCost or ErrCostExceedsCapacity, before any
 // database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
