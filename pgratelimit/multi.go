@@ -143,7 +143,7 @@ func (cl call) result() MultiResult {
 	results := make([]Result, len(q.Outcomes))
 	var retry time.Duration
 	for i, o := range q.Outcomes {
-		results[i] = resultOf(o)
+		results[i] = decidedResult(o)
 		retry = max(retry, results[i].RetryAfter)
 	}
 	m := MultiResult{Allowed: q.Allowed, Results: results}
@@ -180,6 +180,7 @@ func (cl call) leases(results []Result) []Lease {
 		case c.Part == nil || !ok:
 		case q.Allowed:
 			ls[j] = leaseOf(c.Row.Key, out.Lease)
+			results[j].Replayed = out.Replayed
 		case results[j].Allowed && !out.Replayed:
 			// This lease alone fitted, another charge did not: nothing
 			// was taken.

@@ -39,11 +39,12 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 }
 
 // resultJSON is a check's, a peek's, a refund's or a settlement's result
-// for --json. Allowed is only a check's; Cost and Refunded say what was
-// asked; Replayed (a check's and a settlement's) says the request ID had
-// been seen: the result is the first one's, and nothing was charged now;
-// FromGrants is the part of an allowed check's cost its grants paid, when
-// known.
+// for --json: Result's fields. Allowed is only a check's; Cost and Refunded
+// say what was asked; Replayed says the request ID had been seen: the
+// result is the first one's, and nothing was charged now (Result.Replayed);
+// FromGrants is the part of the cost the grants paid (Result.FromGrants: 0
+// when denied); RetryAfterMS is null when refills alone never allow the
+// check (Result.RetryAfter == InfDuration).
 type resultJSON struct {
 	Key          string `json:"key"`
 	Allowed      *bool  `json:"allowed,omitempty"`
@@ -53,15 +54,26 @@ type resultJSON struct {
 	Limit        int64  `json:"limit"`
 	Remaining    int64  `json:"remaining"`
 	Granted      int64  `json:"granted"`
-	FromGrants   *int64 `json:"from_grants,omitempty"`
+	FromGrants   int64  `json:"from_grants"`
 	RequestID    string `json:"request_id,omitempty"`
-	Replayed     *bool  `json:"replayed,omitempty"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
+	Replayed     bool   `json:"replayed"`
+	RetryAfterMS *int64 `json:"retry_after_ms"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
 }
 
 func newResultJSON(key string, r pgratelimit.Result) resultJSON {
-	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, Granted: r.Granted, RetryAfterMS: r.RetryAfter.Milliseconds(), ResetAfterMS: r.ResetAfter.Milliseconds()}
+	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, Granted: r.Granted, FromGrants: r.FromGrants, Replayed: r.Replayed,
+		RetryAfterMS: msOrNever(r.RetryAfter), ResetAfterMS: r.ResetAfter.Milliseconds()}
+}
+
+// msOrNever is a wait in milliseconds for --json, or nil (null) for
+// pgratelimit.InfDuration: never.
+func msOrNever(d time.Duration) *int64 {
+	if d == pgratelimit.InfDuration {
+		return nil
+	}
+	ms := d.Milliseconds()
+	return &ms
 }
 
 // holding says what a key holds: "3 of 10 tokens", with its debt while it
@@ -105,59 +117,23 @@ func plural(n int64, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
-// lookupRequest returns what the database remembers of request ID id on
-// key, or nil if it remembers nothing (or id is "").
-func lookupRequest(ctx context.Context, l *pgratelimit.Limiter, key, id string) (*pgratelimit.RequestRecord, error) {
-	if id == "" {
-		return nil, nil
-	}
+// mismatchText says what request ID id on key names, for the error of a
+// call that named something else (ErrRequestMismatch): "a charge of 40".
+// It reads the record only then, after the error, to say what it holds
+// ("another operation" if it cannot).
+func mismatchText(ctx context.Context, l *pgratelimit.Limiter, key, id string) (pgratelimit.RequestRecord, string) {
 	rec, err := l.LookupRequest(ctx, key, id)
-	switch {
-	case errors.Is(err, pgratelimit.ErrUnknownRequest):
-		return nil, nil
-	case err != nil:
-		return nil, err
-	}
-	return &rec, nil
-}
-
-// recordText says what a request ID's record names: "a charge of 40".
-func recordText(rec *pgratelimit.RequestRecord) string {
-	switch rec.Kind {
-	case "charge", "debit", "refund", "grant":
-		return fmt.Sprintf("a %s of %d", rec.Kind, rec.Amount)
-	}
-	return fmt.Sprintf("%s %d", rec.Kind, rec.Amount)
-}
-
-// fromGrants returns the part of the allowed check r of cost on key that
-// its grants paid, and whether it is known. A check takes from the bucket
-// first, so none when the bucket has tokens left, nor on a limiter without
-// grants; else the check's ledger row says (the CLI's durable limiters
-// write one): the latest charge of cost with the request ID id on key,
-// since a little before the check, that left what r reports.
-func fromGrants(ctx context.Context, l *pgratelimit.Limiter, f *flags, key, id string, cost int64, r pgratelimit.Result, before time.Time) (int64, bool) {
-	if r.Remaining > 0 || !f.grants() {
-		return 0, true
-	}
-	es, err := l.Ledger(ctx, key, before.Add(-time.Minute)) // (the database's clock may be a little behind this one)
 	if err != nil {
-		return 0, false
+		return rec, "another operation or amount"
 	}
-	for i := len(es) - 1; i >= 0; i-- {
-		e := es[i]
-		if e.Kind == "charge" && e.Amount == -cost && e.RequestID == id && e.Granted == r.Granted && e.Balance-e.Granted == r.Remaining {
-			return -e.GrantsAmount, true
-		}
-	}
-	return 0, false
+	return rec, fmt.Sprintf("a %s of %d", rec.Kind, rec.Amount)
 }
 
 // tookText says where an allowed check's cost came from: nothing when the
-// grants paid none (or it is not known), else what they paid.
-func tookText(cost, fromGrants int64, known bool) string {
+// grants paid none, else what they paid.
+func tookText(cost, fromGrants int64) string {
 	switch {
-	case !known || fromGrants <= 0:
+	case fromGrants <= 0:
 		return ""
 	case fromGrants >= cost:
 		return " (all from grants)"
@@ -185,42 +161,21 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		if id != "" {
 			ctx = pgratelimit.WithRequestID(ctx, id)
 		}
-		// A request ID the database remembers makes the check a replay:
-		// the library returns the first outcome and charges nothing.
-		rec, err := lookupRequest(ctx, l, key, id)
-		if err != nil {
-			return 0, err
-		}
-		before := time.Now()
 		r, err := l.AllowN(ctx, key, *cost)
 		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
-			what := "another operation or cost"
-			if rec != nil && (rec.Kind != "charge" || rec.Amount != *cost) {
-				what = recordText(rec)
-			}
+			_, what := mismatchText(ctx, l, key, id)
 			return 0, fmt.Errorf("request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
 		}
 		if err != nil {
 			return 0, err
 		}
-		// A replay returns the recorded outcome bit for bit (a record that
-		// expired in between would let the check charge afresh instead).
-		replayed := rec != nil && r == rec.Result
-		// The waits count from the check (for the moments they end at): from
-		// just before it was sent, or for a replay from when the first
-		// outcome happened.
-		now := before
-		var from int64
-		known := false
-		if replayed {
-			now = rec.At
-		} else if r.Allowed {
-			from, known = fromGrants(ctx, l, f, key, id, *cost, r, before)
-		}
+		// The waits count from now (for a replay: the first outcome's
+		// waits, counted from now).
+		now := time.Now()
 		var line string
 		if r.Allowed {
 			line = fmt.Sprintf("allowed: took %s from %q%s: %d of %d left%s, %s",
-				plural(*cost, "token", "tokens"), key, tookText(*cost, from, known), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
+				plural(*cost, "token", "tokens"), key, tookText(*cost, r.FromGrants), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
 		} else {
 			line = fmt.Sprintf("denied: %q has %s, not the %d asked for (nothing taken); %s",
 				key, holding(r), *cost, retryText(r, now))
@@ -228,14 +183,10 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		switch {
 		case f.json:
 			j := newResultJSON(key, r)
-			j.Allowed, j.Cost, j.RequestID, j.Replayed = &r.Allowed, *cost, id, &replayed
-			if known {
-				j.FromGrants = &from
-			}
+			j.Allowed, j.Cost, j.RequestID = &r.Allowed, *cost, id
 			f.printJSON(j)
-		case replayed:
-			fmt.Fprintf(c.stdout, "replayed: request %q was already charged at %s (nothing taken now); its outcome then: %s\n",
-				id, rec.At.Local().Format(time.DateTime+" MST"), line)
+		case r.Replayed:
+			fmt.Fprintf(c.stdout, "replayed: request %q was already charged (nothing taken now); its outcome then: %s\n", id, line)
 		default:
 			fmt.Fprintln(c.stdout, line)
 		}
@@ -466,32 +417,25 @@ func runSettle(ctx context.Context, c *cli, args []string) int {
 	}
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, id := pos[0], *requestID
-		// A request already settled at this cost makes this a replay: the
-		// library returns the first settlement and changes nothing.
-		rec, err := lookupRequest(ctx, l, key, id)
-		if err != nil {
-			return 0, err
-		}
 		r, err := l.Settle(ctx, key, id, *actual)
 		switch {
 		case errors.Is(err, pgratelimit.ErrUnknownRequest):
 			return 0, fmt.Errorf("no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
-		case errors.Is(err, pgratelimit.ErrRequestMismatch) && rec != nil && rec.Settled:
-			return 0, fmt.Errorf("request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
-		case errors.Is(err, pgratelimit.ErrRequestMismatch) && rec != nil:
-			return 0, fmt.Errorf("request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, recordText(rec), key)
 		case errors.Is(err, pgratelimit.ErrRequestMismatch):
-			return 0, fmt.Errorf("request %q of %q was settled already at another cost, or names another operation: nothing changed", id, key)
+			rec, what := mismatchText(ctx, l, key, id)
+			if rec.Settled {
+				return 0, fmt.Errorf("request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
+			}
+			return 0, fmt.Errorf("request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, what, key)
 		case err != nil:
 			return 0, err
 		}
-		replayed := rec != nil && rec.Settled && r == rec.Settlement
 		switch {
 		case f.json:
 			j := newResultJSON(key, r)
-			j.RequestID, j.Actual, j.Replayed = id, actual, &replayed
+			j.RequestID, j.Actual = id, actual
 			f.printJSON(j)
-		case replayed:
+		case r.Replayed:
 			fmt.Fprintf(c.stdout, "replayed: request %q of %q was already settled at %d (nothing changed now); then it left %s%s\n",
 				id, key, *actual, holding(r), debtText(r))
 		default:

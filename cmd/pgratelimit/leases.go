@@ -151,7 +151,7 @@ func units(n int64) string { return plural(n, "unit", "units") }
 func expiresIn(l pgratelimit.Lease, now time.Time) time.Duration { return max(l.ExpiresAt.Sub(now), 0) }
 
 // liveLease returns key's live lease id, or nil if it has none (or id is
-// "").
+// ""): release tells by it whether the lease was held.
 func liveLease(ctx context.Context, s *pgratelimit.Semaphore, key, id string) (*pgratelimit.Lease, error) {
 	if id == "" {
 		return nil, nil
@@ -194,7 +194,7 @@ type acquireJSON struct {
 	Weight       int64  `json:"weight"`
 	Held         int64  `json:"held"`
 	Limit        int64  `json:"limit"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
+	RetryAfterMS *int64 `json:"retry_after_ms"` // null: never
 	Waited       bool   `json:"waited,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
 	Replayed     *bool  `json:"replayed,omitempty"`
@@ -238,27 +238,17 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 	return f.withSemaphore(ctx, args, 1, check,
 		func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 			key, id := pos[0], *requestID
-			// A live lease of the request ID makes the acquisition a replay:
-			// the library returns that lease and takes nothing.
-			prior, err := liveLease(ctx, s, key, id)
-			if err != nil {
-				return 0, err
-			}
 			if id != "" {
 				ctx = pgratelimit.WithRequestID(ctx, id)
 			}
 			r, gaveUp, err := takeLease(ctx, s, key, *weight, *wait)
 			switch {
 			case errors.Is(err, pgratelimit.ErrRequestMismatch):
-				what := "another weight"
-				if prior != nil {
-					what = "weight " + strconv.FormatInt(prior.Weight, 10)
-				}
-				return 0, fmt.Errorf("request ID %q holds a live lease of %q of %s, not %d: nothing taken (a new lease needs a new ID)", id, key, what, *weight)
+				return 0, fmt.Errorf("request ID %q holds a live lease of %q of another weight, not %d: nothing taken (a new lease needs a new ID)", id, key, *weight)
 			case err != nil:
 				return 0, err
 			}
-			a := acquisition{key: key, weight: *weight, requestID: id, r: r, prior: prior, gaveUp: gaveUp, waited: f.timeout}
+			a := acquisition{key: key, weight: *weight, requestID: id, r: r, gaveUp: gaveUp, waited: f.timeout}
 			a.print(f)
 			if !r.Acquired {
 				return exitDenied, nil
@@ -283,14 +273,12 @@ func takeLease(ctx context.Context, s *pgratelimit.Semaphore, key string, weight
 }
 
 // acquisition is what acquire did, to print: r, on key, for weight and
-// requestID; prior is the request ID's live lease before, if it had one;
-// gaveUp says a wait of waited found no free units.
+// requestID; gaveUp says a wait of waited found no free units.
 type acquisition struct {
 	key       string
 	weight    int64
 	requestID string
 	r         pgratelimit.LeaseResult
-	prior     *pgratelimit.Lease
 	gaveUp    bool
 	waited    time.Duration
 }
@@ -298,14 +286,14 @@ type acquisition struct {
 // print prints the acquisition: with the lease ID first when acquired.
 func (a acquisition) print(f *flags) {
 	r, l, now := a.r, a.r.Lease, time.Now()
-	replayed := a.prior != nil && r.Acquired && l.Token == a.prior.Token
+	replayed := r.Replayed
 	left := l.ExpiresAt.Sub(l.AcquiredAt) // the TTL, by the database's clock
 	if replayed {
 		left = expiresIn(l, now)
 	}
 	if f.json {
 		j := acquireJSON{Key: a.key, Acquired: r.Acquired, Weight: a.weight, Held: r.Held, Limit: r.Limit,
-			RetryAfterMS: r.RetryAfter.Milliseconds(), Waited: a.gaveUp, RequestID: a.requestID}
+			RetryAfterMS: msOrNever(r.RetryAfter), Waited: a.gaveUp, RequestID: a.requestID}
 		if r.Acquired {
 			j.leaseJSON = leaseJSONOf(l, left)
 		}

@@ -37,6 +37,11 @@ type Change struct {
 	Entries []Entry
 	// Replayed says the outcome is a record's: nothing changed.
 	Replayed bool
+	// FromGrants is what the live grants paid of an allowed charge or debit
+	// (also a replayed one, from its record), or of a settlement's
+	// difference (negative when it gave credits back to grants; 0 for a
+	// replayed settlement); 0 for every other operation and for a denial.
+	FromGrants int64
 	// Record is the record written (a new one, or one just settled).
 	Record *Record
 	// Grant is the grant made by OpGrant (replayed too).
@@ -98,7 +103,11 @@ func replay(s State, rec Record, op Op) (State, Change, error) {
 	if op.Kind != rec.Kind || op.Amount != rec.Amount || op.Kind == OpGrant && !op.ExpiresAt.Equal(rec.Grant.ExpiresAt) {
 		return s, Change{}, ErrRequestMismatch
 	}
-	return s, Change{Outcome: rec.Outcome, Replayed: true, Grant: rec.Grant}, nil
+	c := Change{Outcome: rec.Outcome, Replayed: true, Grant: rec.Grant}
+	for _, part := range rec.Spent.Grants {
+		c.FromGrants = AddSat(c.FromGrants, part.Amount)
+	}
+	return s, c, nil
 }
 
 // settle applies the settlement op to the charge or debit that rec records.
@@ -313,6 +322,10 @@ func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 	}
 	o := w.outcome()
 	c := Change{Outcome: o, Reset: op.Kind == OpReset}
+	switch op.Kind {
+	case OpCharge, OpDebit, OpSettle:
+		c.FromGrants = subSat(w.grantedBefore, o.Granted)
+	}
 	if op.Ledger {
 		c.Entries = w.entries
 		if amount := subSat(AddSat(o.Remaining, o.Granted), w.before); amount != 0 || op.Kind == OpCharge {
