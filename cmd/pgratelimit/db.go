@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -100,8 +102,8 @@ func (f *flags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 // grants says whether the command's limiter has grants: durable storage.
 func (f *flags) grants() bool { return f.storage == "durable" }
 
-// config is the limiter Config of the policy flags, checked in their terms
-// (the library would name Config fields instead).
+// config is the limiter Config of the policy flags. The library checks it
+// (New); configError says what it found in the flags' terms.
 func (f *flags) config() (pgratelimit.Config, error) {
 	cfg := pgratelimit.Config{Prefix: f.prefix, Capacity: f.capacity, Refill: f.refill, Interval: f.interval}
 	switch f.storage {
@@ -115,31 +117,40 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	default:
 		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
 	}
-	if !f.hasPolicy {
+	if !f.hasPolicy || f.every == "" {
 		return cfg, nil
 	}
-	switch {
-	case f.prefix == "":
-		return cfg, usagef("--prefix must not be empty")
-	case f.capacity < 1:
-		return cfg, usagef("--capacity must be at least 1, got %d", f.capacity)
-	case f.refill < 1:
-		return cfg, usagef("--refill must be at least 1, got %d", f.refill)
-	case f.every != "":
-		if f.Changed("interval") {
-			return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
-		}
-		cal, err := f.calendar()
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Calendar, cfg.Interval = cal, 0
-	case f.interval <= 0:
-		return cfg, usagef("--interval must be positive, got %s", f.interval)
-	case f.interval%time.Microsecond != 0:
-		return cfg, usagef("--interval must be a whole number of microseconds, got %s", f.interval)
+	if f.Changed("interval") {
+		return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
 	}
+	cal, err := f.calendar()
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Calendar, cfg.Interval = cal, 0
 	return cfg, nil
+}
+
+// configFlags are the flags of the Config and SemaphoreConfig fields that
+// the commands set.
+var configFlags = map[string]string{
+	"Prefix": "--prefix", "Capacity": "--capacity", "Refill": "--refill", "Interval": "--interval",
+	"Calendar": "--every", "Storage": "--storage", "Max": "--max", "TTL": "--ttl", "MaxWait": "--timeout",
+}
+
+// configError is err of pgratelimit.New or NewSemaphore in the flags'
+// terms: ErrInvalidConfig's message names the field it found out of range
+// first ("Capacity must be > 0, got 0"), which becomes its flag.
+func configError(err error) error {
+	if !errors.Is(err, pgratelimit.ErrInvalidConfig) {
+		return err
+	}
+	msg := strings.TrimPrefix(clierr.Text(err), "invalid config: ")
+	field, rest, _ := strings.Cut(msg, " ")
+	if fl, ok := configFlags[field]; ok {
+		return usagef("%s %s", fl, rest)
+	}
+	return usagef("%s", msg)
 }
 
 // calendar reads --every, --tz and --anchor.
@@ -186,7 +197,7 @@ func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(
 	l, err = pgratelimit.New(pool, cfg)
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, nil, configError(err)
 	}
 	return l, pool.Close, nil
 }

@@ -49,6 +49,36 @@ type flags struct {
 	// dbctx is the context that withTimeout made, which explain reads to
 	// tell the command's timeout from other deadlines.
 	dbctx context.Context
+	// inputs name the library's errors of bad input by the flag or
+	// argument that gave it (see input).
+	inputs []input
+}
+
+// input is a flag or argument of the command line, name, and the library's
+// errors that say its value is out of range (ErrInvalidCost...).
+type input struct {
+	name string
+	errs []error
+}
+
+// input notes that the library's errors errs are about name's value: fail
+// reports them as usage errors that name it. The library checks the values;
+// the command does not repeat its rules.
+func (f *flags) input(name string, errs ...error) {
+	f.inputs = append(f.inputs, input{name, errs})
+}
+
+// usageOf returns err as a usage error naming its input, if it is one of
+// the library's errors noted by input; else err.
+func (f *flags) usageOf(err error) error {
+	for _, in := range f.inputs {
+		for _, e := range in.errs {
+			if errors.Is(err, e) {
+				return usagef("%s: %s", in.name, clierr.Text(err))
+			}
+		}
+	}
+	return err
 }
 
 // defaultConnectTimeout is --connect-timeout's default: a server that
@@ -271,6 +301,7 @@ func (f *flags) fail(err error) int {
 	if errors.Is(err, errHelp) {
 		return exitOK
 	}
+	err = f.usageOf(err)
 	fmt.Fprintf(f.c.stderr, "pgratelimit %s: %s\n", f.Name(), f.explain(err))
 	var ue clierr.UsageError
 	if errors.As(err, &ue) {

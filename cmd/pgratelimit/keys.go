@@ -145,18 +145,9 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "allow").withPolicy()
 	cost := f.Int64("cost", 1, "tokens to take (above --capacity only with grants: durable storage)")
 	requestID := f.String("request-id", "", "an idempotency key: a repeat with the same ID and cost charges nothing and prints the first outcome, saying it was replayed")
-	check := func([]string) error {
-		switch {
-		case *cost < 1:
-			return usagef("--cost must be at least 1, got %d", *cost)
-		case *cost > f.capacity && f.capacity > 0 && !f.grants():
-			// (With durable storage the CLI's limiter has grants, which may
-			// cover such a cost: the library decides.)
-			return usagef("--cost %d is more than the bucket's capacity (--capacity %d): with --storage ephemeral, which has no grants, such a check could never be allowed", *cost, f.capacity)
-		}
-		return nil
-	}
-	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+	f.input("--cost", pgratelimit.ErrInvalidCost, pgratelimit.ErrCostExceedsCapacity)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
+	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, id := pos[0], *requestID
 		if id != "" {
 			ctx = pgratelimit.WithRequestID(ctx, id)
@@ -257,15 +248,12 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 	var n int64
 	check := func(pos []string) error {
 		var err error
-		n, err = strconv.ParseInt(pos[1], 10, 64)
-		switch {
-		case err != nil:
+		if n, err = strconv.ParseInt(pos[1], 10, 64); err != nil {
 			return usagef("N, the tokens to give back, must be a whole number, got %q", pos[1])
-		case n < 1:
-			return usagef("N, the tokens to give back, must be at least 1, got %d (allow KEY --cost N takes tokens)", n)
 		}
 		return nil
 	}
+	f.input("N", pgratelimit.ErrInvalidCost)
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, before := pos[0], time.Now()
 		r, err := l.Refund(ctx, key, n)
@@ -312,14 +300,13 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 		switch {
 		case err != nil:
 			return usagef("N, the credits to grant, must be a whole number, got %q", pos[1])
-		case n < 1:
-			return usagef("N, the credits to grant, must be at least 1, got %d", n)
 		case !f.grants():
 			return usagef("grants are kept for durable storage only (--storage durable)")
 		}
 		until, err = parseExpiry(*expires, time.Now())
 		return err
 	}
+	f.input("N", pgratelimit.ErrInvalidCost)
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key := pos[0]
 		g, err := l.Grant(ctx, key, n, until)
@@ -405,16 +392,18 @@ func grantJSONOf(g pgratelimit.Grant) grantJSON {
 func runSettle(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "settle").withPolicy()
 	requestID := f.String("request-id", "", "the request ID of the estimate's check (required)")
-	actual := f.Int64("actual", -1, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
+	actual := f.Int64("actual", 0, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
 	check := func([]string) error {
 		switch {
-		case *requestID == "":
+		case !f.Changed("request-id"):
 			return usagef("--request-id is required: the ID the estimate was taken with (allow --request-id)")
-		case *actual < 0:
+		case !f.Changed("actual"):
 			return usagef("--actual is required: the actual cost, 0 or more")
 		}
 		return nil
 	}
+	f.input("--actual", pgratelimit.ErrInvalidCost)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, id := pos[0], *requestID
 		r, err := l.Settle(ctx, key, id, *actual)

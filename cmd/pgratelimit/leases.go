@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -41,8 +40,9 @@ func (f *flags) withLeasePolicy() *flags {
 	return f
 }
 
-// semaphoreConfig is the SemaphoreConfig of the lease flags and o, checked
-// in their terms (the library would name SemaphoreConfig fields instead).
+// semaphoreConfig is the SemaphoreConfig of the lease flags and o. The
+// library checks it (NewSemaphore); configError says what it found in the
+// flags' terms.
 func (f *flags) semaphoreConfig(o leaseOpts) (pgratelimit.SemaphoreConfig, error) {
 	cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
 	switch f.storage {
@@ -52,9 +52,6 @@ func (f *flags) semaphoreConfig(o leaseOpts) (pgratelimit.SemaphoreConfig, error
 		cfg.Storage = pgratelimit.Ephemeral
 	default:
 		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
-	}
-	if f.prefix == "" {
-		return cfg, usagef("--prefix must not be empty")
 	}
 	return cfg, nil
 }
@@ -83,7 +80,7 @@ func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, che
 	defer pool.Close()
 	s, err := pgratelimit.NewSemaphore(pool, cfg)
 	if err != nil {
-		return f.fail(err)
+		return f.fail(configError(err))
 	}
 	ctx, cancel := f.withTimeout(ctx)
 	defer cancel()
@@ -94,41 +91,18 @@ func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, che
 	return code
 }
 
-// checkMax reads a --max that a command needs (required) or may take.
-func checkMax(f *flags, max int64, required bool) error {
-	switch {
-	case !f.Changed("max") && required:
+// checkMax says a --max that a command needs (required) is missing.
+func checkMax(f *flags, required bool) error {
+	if !f.Changed("max") && required {
 		return usagef("--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)")
-	case f.Changed("max") && max < 1:
-		return usagef("--max must be at least 1, got %d", max)
 	}
 	return nil
 }
 
-// checkTTL reads a required --ttl.
-func checkTTL(f *flags, ttl time.Duration, what string) error {
-	switch {
-	case !f.Changed("ttl"):
+// checkTTL says a required --ttl is missing.
+func checkTTL(f *flags, what string) error {
+	if !f.Changed("ttl") {
 		return usagef("--ttl is required: %s, such as 30s (SemaphoreConfig.TTL)", what)
-	case ttl <= 0:
-		return usagef("--ttl must be positive, got %s", ttl)
-	case ttl%time.Microsecond != 0:
-		return usagef("--ttl must be a whole number of microseconds, got %s", ttl)
-	}
-	return nil
-}
-
-// checkID checks a lease ID (or a request ID, which names its lease)
-// before any database access, as the library would after: not empty, at
-// most MaxRequestIDLen bytes, valid UTF-8 (argv holds no NUL).
-func checkID(what, id string) error {
-	switch {
-	case id == "":
-		return usagef("%s must not be empty", what)
-	case len(id) > pgratelimit.MaxRequestIDLen:
-		return usagef("%s is %d bytes, more than the %d an ID may have", what, len(id), pgratelimit.MaxRequestIDLen)
-	case !utf8.ValidString(id):
-		return usagef("%s is not valid UTF-8", what)
 	}
 	return nil
 }
@@ -213,23 +187,15 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 	requestID := f.String("request-id", "", "an idempotency key, which becomes the lease's ID: a repeat while the lease lives takes nothing and prints it, saying it was replayed")
 	wait := f.Bool("wait", false, "wait for free units (woken by releases) up to --timeout, instead of exiting 1 at once")
 	check := func([]string) (leaseOpts, error) {
-		if err := checkMax(f, *max, true); err != nil {
+		if err := checkMax(f, true); err != nil {
 			return leaseOpts{}, err
 		}
-		if err := checkTTL(f, *ttl, "how long a lease counts unless extended"); err != nil {
+		if err := checkTTL(f, "how long a lease counts unless extended"); err != nil {
 			return leaseOpts{}, err
-		}
-		switch {
-		case *weight < 1:
-			return leaseOpts{}, usagef("--weight must be at least 1, got %d", *weight)
-		case *weight > *max:
-			return leaseOpts{}, usagef("--weight %d is more than --max %d: such a lease could never be acquired", *weight, *max)
-		case *requestID != "":
-			if err := checkID("--request-id", *requestID); err != nil {
-				return leaseOpts{}, err
-			}
 		}
 		o := leaseOpts{max: *max, ttl: *ttl}
+		f.input("--weight", pgratelimit.ErrInvalidCost, pgratelimit.ErrCostExceedsCapacity)
+		f.input("--request-id", pgratelimit.ErrInvalidRequestID)
 		if *wait && f.timeout > 0 {
 			o.maxWait, f.grace = f.timeout, waitGrace
 		}
@@ -342,16 +308,14 @@ func runRelease(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "release").withLeasePolicy()
 	max := f.Int64("max", 0, "the semaphore's Max: the release then wakes waiters (acquire --wait, Semaphore.Wait) only when the key was full (default: whenever it releases a lease)")
 	check := func(pos []string) (leaseOpts, error) {
-		if err := checkMax(f, *max, false); err != nil {
-			return leaseOpts{}, err
-		}
+		f.input("LEASE-ID", pgratelimit.ErrInvalidLeaseID)
 		// A Max of 1 makes every key with a live lease full: the release of
 		// one notifies the waiters. The TTL plays no part in a release.
 		o := leaseOpts{max: 1, ttl: time.Second}
 		if f.Changed("max") {
 			o.max = *max
 		}
-		return o, checkID("LEASE-ID", pos[1])
+		return o, nil
 	}
 	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key, id := pos[0], pos[1]
@@ -390,10 +354,9 @@ func runExtend(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "extend").withLeasePolicy()
 	ttl := f.Duration("ttl", 0, "how long the lease counts from now (SemaphoreConfig.TTL: the one it was acquired with; required)")
 	check := func(pos []string) (leaseOpts, error) {
-		if err := checkTTL(f, *ttl, "how long the lease counts from now"); err != nil {
-			return leaseOpts{}, err
-		}
-		return leaseOpts{max: 1, ttl: *ttl}, checkID("LEASE-ID", pos[1]) // (Max plays no part in an extension)
+		f.input("LEASE-ID", pgratelimit.ErrInvalidLeaseID)
+		// (Max plays no part in an extension.)
+		return leaseOpts{max: 1, ttl: *ttl}, checkTTL(f, "how long the lease counts from now")
 	}
 	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key, id := pos[0], pos[1]
@@ -438,7 +401,11 @@ func runLeases(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "leases").withLeasePolicy()
 	max := f.Int64("max", 0, "the semaphore's Max, to show the units held of it")
 	check := func([]string) (leaseOpts, error) {
-		return leaseOpts{max: 1, ttl: time.Second}, checkMax(f, *max, false) // (listing reads the leases as they are)
+		o := leaseOpts{max: 1, ttl: time.Second} // (listing reads the leases as they are)
+		if f.Changed("max") {
+			o.max = *max // (checked by the library all the same)
+		}
+		return o, nil
 	}
 	return f.withSemaphore(ctx, args, 1, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key := pos[0]

@@ -129,11 +129,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"allow", "a", "b"}, "too many arguments"},
 		{[]string{"allow", "k", "--cost", "many"}, `--cost wants a whole number, got "many"`},
 		{[]string{"allow", "k", "--cost"}, "--cost needs a value"},
-		{[]string{"allow", "k", "--cost", "0"}, "--cost must be at least 1, got 0"},
-		{[]string{"allow", "k", "--cost", "11", "--storage", "ephemeral"}, "--cost 11 is more than the bucket's capacity (--capacity 10): with --storage ephemeral"},
+		{[]string{"allow", "k", "--cost", "0"}, "--cost: invalid cost: 0 is below 1"},
+		{[]string{"allow", "k", "--cost", "11", "--storage", "ephemeral"}, "--cost: cost exceeds capacity: cost 11, capacity 10"},
 		{[]string{"bench", "--commit", "later"}, `--commit must be sync or async, got "later"`},
 		{[]string{"bench", "--commit", "async", "--grants", "5"}, "--commit async does not go with --grants"},
-		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be at least 1, got 0"},
+		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be > 0, got 0"},
 		{[]string{"allow", "k", "--interval", "1x"}, "--interval wants a duration"},
 		{[]string{"allow", "k", "--storage", "floppy"}, "--storage must be durable or ephemeral"},
 		{[]string{"allow", ""}, "invalid key: key must not be empty"},
@@ -152,25 +152,24 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"settle"}, "pgratelimit settle: missing KEY\n"},
 		{[]string{"acquire", "k", "--ttl", "1s"}, "--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)"},
 		{[]string{"acquire", "k", "--max", "2"}, "--ttl is required: how long a lease counts unless extended, such as 30s"},
-		{[]string{"acquire", "k", "--max", "0", "--ttl", "1s"}, "--max must be at least 1, got 0"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "0s"}, "--ttl must be positive, got 0s"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1ns"}, "--ttl must be a whole number of microseconds, got 1ns"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "0"}, "--weight must be at least 1, got 0"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "3"}, "--weight 3 is more than --max 2: such a lease could never be acquired"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--request-id", strings.Repeat("x", 257)}, "--request-id is 257 bytes, more than the 256 an ID may have"},
+		{[]string{"acquire", "k", "--max", "0", "--ttl", "1s"}, "--max must be > 0, got 0"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "0s"}, "--ttl must be > 0 and a whole number of microseconds, got 0s"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1ns"}, "--ttl must be > 0 and a whole number of microseconds, got 1ns"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "0"}, "--weight: invalid cost: weight 0 is below 1"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "3"}, "--weight: cost exceeds capacity: weight 3, Max 2"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--request-id", strings.Repeat("x", 257)}, "--request-id: invalid request ID: is 257 bytes, longer than 256"},
 		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--storage", "floppy"}, `--storage must be durable or ephemeral, got "floppy"`},
 		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--prefix", ""}, "--prefix must not be empty"},
 		{[]string{"acquire", "", "--max", "2", "--ttl", "1s"}, "invalid key: key must not be empty"},
 		{[]string{"acquire", "--max", "2", "--ttl", "1s"}, "pgratelimit acquire: missing KEY\n"},
 		{[]string{"release", "k"}, "pgratelimit release: missing LEASE-ID\n"},
-		{[]string{"release", "k", ""}, "LEASE-ID must not be empty"},
-		{[]string{"release", "k", "\xff"}, "LEASE-ID is not valid UTF-8"},
 		{[]string{"release", "", "x"}, "invalid key: key must not be empty"},
-		{[]string{"release", "k", "x", "--max", "0"}, "--max must be at least 1, got 0"},
+		{[]string{"release", "k", "x", "--max", "0"}, "--max must be > 0, got 0"},
 		{[]string{"extend"}, "pgratelimit extend: missing KEY and LEASE-ID\n"},
 		{[]string{"extend", "k", "x"}, "--ttl is required: how long the lease counts from now, such as 30s"},
-		{[]string{"extend", "k", "", "--ttl", "1s"}, "LEASE-ID must not be empty"},
-		{[]string{"leases", "k", "--max", "-1"}, "--max must be at least 1, got -1"},
+		{[]string{"extend", "k", "", "--ttl", "1s"}, "LEASE-ID: invalid lease ID: must not be empty"},
+		{[]string{"extend", "k", "\xff", "--ttl", "1s"}, "LEASE-ID: invalid lease ID: is not valid UTF-8"},
+		{[]string{"leases", "k", "--max", "-1"}, "--max must be > 0, got -1"},
 		{[]string{"leases", "k", "x"}, "too many arguments: leases takes 1 (KEY [--max N]), got 2"},
 		{[]string{"leases", ""}, "invalid key: key must not be empty"},
 	} {
@@ -360,11 +359,11 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 2, code)
 		require.Empty(t, out)
 		require.NotContains(t, stderr, "flag provided but not defined")
-		require.True(t, strings.HasPrefix(stderr, "pgratelimit refund: N, the tokens to give back, must be at least 1, got -5"), stderr)
+		require.True(t, strings.HasPrefix(stderr, "pgratelimit refund: N: invalid cost: refund -5 is below 1\nusage: "), stderr)
 		// A negative flag value is still a flag's value.
 		code, _, stderr = pgrl(url, with("allow", "k1", "--cost", "-5")...)
 		require.Equal(t, 2, code)
-		require.Contains(t, stderr, "--cost must be at least 1, got -5")
+		require.Contains(t, stderr, "--cost: invalid cost: -5 is below 1")
 	})
 }
 
