@@ -45,7 +45,7 @@ type cli struct {
 // refund, reset, grant, balance, settle, ledger), leases.go (acquire,
 // release, extend, leases), events.go (events),
 // migrate.go (migrate, cleanup), throwaway.go (db), demo.go and bench.go
-// (wiring for packages demo, bench and peers).
+// (wiring for packages demo, bench and peers), version.go (version).
 type command struct {
 	name, args, summary string
 	run                 func(ctx context.Context, c *cli, args []string) int
@@ -82,6 +82,7 @@ func commands() []command {
 			"give up on starting the server and applying the migrations after D; 0: never", dbMore},
 		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
 			"give up on the database work of the set-up and of each request after D; 0: never", ""},
+		{"version", "", "print the CLI's module version and the VCS revision it was built from", runVersion, 0, "", ""},
 		{"bench", "[flags]", "measure checks per second under load (--leases: acquire+release pairs of leases)", runBench, time.Minute,
 			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never", benchMore},
 	}
