@@ -45,7 +45,7 @@ type cli struct {
 // refund, reset, grant, balance, settle, ledger), leases.go (acquire,
 // release, extend, leases), events.go (events),
 // migrate.go (migrate, cleanup), throwaway.go (db), demo.go and bench.go
-// (wiring for packages demo, bench and peers), version.go (version).
+// (wiring for packages demo and bench), version.go (version).
 type command struct {
 	name, args, summary string
 	run                 func(ctx context.Context, c *cli, args []string) int
@@ -122,7 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
-		if len(args) >= 2 && args[0] == "help" { // help COMMAND, help bench peers
+		if len(args) >= 2 && args[0] == "help" { // help COMMAND
 			return run(ctx, append(args[1:len(args):len(args)], "--help"), stdout, stderr, getenv)
 		}
 		usage(stdout)
