@@ -16,6 +16,12 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
+// explainf is err of the library told in the command's words (errors.Is
+// still finds err, for --json's error code).
+func explainf(err error, format string, args ...any) error {
+	return clierr.Explained{Msg: fmt.Sprintf(format, args...), Err: err}
+}
+
 // errTimedOut is the cause of a command's context that passed its --timeout.
 var errTimedOut = errors.New("--timeout passed")
 
@@ -57,7 +63,12 @@ func (f *flags) url() (string, error) {
 		u = f.c.getenv("DATABASE_URL")
 	}
 	if u == "" {
-		return "", errors.New("no database: set --database-url or DATABASE_URL")
+		return "", usagef("no database: set --database-url or DATABASE_URL")
+	}
+	// A URL of another database (mysql://...) is said so, rather than as
+	// whatever pgx makes of it. (pgx reads key=value strings too.)
+	if scheme, _, ok := strings.Cut(u, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return "", usagef("the database URL is a %s:// URL: pgratelimit needs PostgreSQL, a postgres:// (or postgresql://) URL such as postgres://user:password@localhost:5432/app", scheme)
 	}
 	return u, nil
 }

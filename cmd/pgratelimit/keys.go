@@ -155,7 +155,7 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		r, err := l.AllowN(ctx, key, *cost)
 		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
 			_, what := mismatchText(ctx, l, key, id)
-			return 0, fmt.Errorf("request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
+			return 0, explainf(err, "request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
 		}
 		if err != nil {
 			return 0, err
@@ -292,6 +292,7 @@ func runReset(ctx context.Context, c *cli, args []string) int {
 func runGrant(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "grant").withPolicy()
 	expires := f.String("expires", "", "when the grant expires: an RFC 3339 time, a date (midnight UTC), or a duration from now such as 720h (default: never)")
+	requestID := f.String("request-id", "", "an idempotency key (a payment's ID): a repeat with the same ID, N and --expires grants nothing more and prints the grant made the first time")
 	var n int64
 	var until time.Time
 	check := func(pos []string) error {
@@ -307,11 +308,19 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 		return err
 	}
 	f.input("N", pgratelimit.ErrInvalidCost)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
+		key, id := pos[0], *requestID
+		if id != "" {
+			ctx = pgratelimit.WithRequestID(ctx, id)
+		}
 		g, err := l.Grant(ctx, key, n, until)
+		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
+			_, what := mismatchText(ctx, l, key, id)
+			return 0, explainf(err, "request ID %q was used on %q for %s, not this grant of %d: nothing granted (a repeat needs the same N and --expires, given as a time rather than a duration from now; a new grant needs a new ID)", id, key, what, n)
+		}
 		if errors.Is(err, pgratelimit.ErrGrantExpired) {
-			return 0, fmt.Errorf("the grant's expiry, %s, is not in the future (by the database's clock): a grant is spent only before its expiry, so nothing was granted (give a later --expires)", until.Local().Format(time.DateTime+" MST"))
+			return 0, explainf(err, "the grant's expiry, %s, is not in the future (by the database's clock): a grant is spent only before its expiry, so nothing was granted (give a later --expires)", until.Local().Format(time.DateTime+" MST"))
 		}
 		if err != nil {
 			return 0, err
@@ -321,7 +330,11 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 			return 0, err
 		}
 		if f.json {
-			f.printJSON(map[string]any{"key": key, "grant": grantJSONOf(g), "granted": r.Granted, "remaining": r.Remaining, "limit": r.Limit})
+			j := map[string]any{"key": key, "grant": grantJSONOf(g), "granted": r.Granted, "remaining": r.Remaining, "limit": r.Limit}
+			if id != "" {
+				j["request_id"] = id
+			}
+			f.printJSON(j)
 			return exitOK, nil
 		}
 		repaid := ""
@@ -409,13 +422,13 @@ func runSettle(ctx context.Context, c *cli, args []string) int {
 		r, err := l.Settle(ctx, key, id, *actual)
 		switch {
 		case errors.Is(err, pgratelimit.ErrUnknownRequest):
-			return 0, fmt.Errorf("no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
+			return 0, explainf(err, "no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
 		case errors.Is(err, pgratelimit.ErrRequestMismatch):
 			rec, what := mismatchText(ctx, l, key, id)
 			if rec.Settled {
-				return 0, fmt.Errorf("request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
+				return 0, explainf(err, "request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
 			}
-			return 0, fmt.Errorf("request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, what, key)
+			return 0, explainf(err, "request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, what, key)
 		case err != nil:
 			return 0, err
 		}

@@ -210,7 +210,7 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 			r, gaveUp, err := takeLease(ctx, s, key, *weight, *wait)
 			switch {
 			case errors.Is(err, pgratelimit.ErrRequestMismatch):
-				return 0, fmt.Errorf("request ID %q holds a live lease of %q of another weight, not %d: nothing taken (a new lease needs a new ID)", id, key, *weight)
+				return 0, explainf(err, "request ID %q holds a live lease of %q of another weight, not %d: nothing taken (a new lease needs a new ID)", id, key, *weight)
 			case err != nil:
 				return 0, err
 			}
