@@ -80,7 +80,7 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 	start := time.Now()
 	cl, _, err := newCall(ctx, charges)
 	if err != nil {
-		recordInvalid(ctx, start, charges)
+		record(ctx, start, MultiResult{}, err, charges)
 		return MultiResult{}, err
 	}
 	var m MultiResult
@@ -89,7 +89,7 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 		m = cl.result()
 		cl.recordLeases(charges, m)
 	}
-	record(ctx, start, m, err, limiterCharges(charges))
+	record(ctx, start, m, err, charges)
 	return m, err
 }
 
@@ -214,23 +214,6 @@ func (cl call) run(charges []Charge) error {
 		return s.client.run(cl.q, set, nil, co, "check")
 	}
 	return charges[0].Limiter.run(cl.q, set, co, "check")
-}
-
-// limiterCharges are the charges of charges with a Limiter (for the
-// limiters' metrics).
-func limiterCharges(charges []Charge) []Charge {
-	for i, c := range charges {
-		if c.Limiter == nil {
-			out := slices.Clone(charges[:i])
-			for _, c := range charges[i:] {
-				if c.Limiter != nil {
-					out = append(out, c)
-				}
-			}
-			return out
-		}
-	}
-	return charges
 }
 
 // owner is the client and the caller's transaction (nil: none) of c's
