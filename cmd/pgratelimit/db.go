@@ -117,17 +117,13 @@ func (f *flags) grants() bool { return f.storage == "durable" }
 // (New); configError says what it found in the flags' terms.
 func (f *flags) config() (pgratelimit.Config, error) {
 	cfg := pgratelimit.Config{Prefix: f.prefix, Capacity: f.capacity, Refill: f.refill, Interval: f.interval}
-	switch f.storage {
-	case "durable":
-		cfg.Storage = pgratelimit.Durable
-		// The CLI sees and spends grants as a limiter with Config.Grants does,
-		// and records what it changes in the ledger.
-		cfg.Grants, cfg.Ledger = true, true
-	case "ephemeral":
-		cfg.Storage = pgratelimit.Ephemeral
-	default:
-		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
+	var err error
+	if cfg.Storage, err = f.storageFlag(); err != nil {
+		return cfg, err
 	}
+	// The CLI sees and spends grants as a limiter with Config.Grants does,
+	// and records what it changes in the ledger (durable storage only).
+	cfg.Grants, cfg.Ledger = f.grants(), f.grants()
 	if !f.hasPolicy || f.every == "" {
 		return cfg, nil
 	}
@@ -140,6 +136,17 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	}
 	cfg.Calendar, cfg.Interval = cal, 0
 	return cfg, nil
+}
+
+// storageFlag is --storage's Storage.
+func (f *flags) storageFlag() (pgratelimit.Storage, error) {
+	switch f.storage {
+	case "durable":
+		return pgratelimit.Durable, nil
+	case "ephemeral":
+		return pgratelimit.Ephemeral, nil
+	}
+	return 0, usagef("--storage must be durable or ephemeral, got %q", f.storage)
 }
 
 // configFlags are the flags of the Config and SemaphoreConfig fields that

@@ -11,27 +11,37 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-// withLimiter runs a command that works on a limiter: it parses nargs
-// positional arguments, runs check on them (if not nil), opens the limiter
-// and runs fn, which returns the exit status.
+// withLimiter runs a command that works on a limiter (runOn).
 func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) int {
+	open := func(ctx context.Context, pos []string) (*pgratelimit.Limiter, func(), error) {
+		if check != nil {
+			if err := check(pos); err != nil {
+				return nil, nil, err
+			}
+		}
+		return f.limiter(ctx)
+	}
+	return runOn(f, ctx, args, nargs, open, fn)
+}
+
+// runOn runs a command that works on a limiter or a semaphore: it parses
+// nargs positional arguments, opens what the command works on with them
+// (checking them first), and runs fn on it within --timeout; fn returns the
+// exit status.
+func runOn[T any](f *flags, ctx context.Context, args []string, nargs int,
+	open func(ctx context.Context, pos []string) (T, func(), error), fn func(ctx context.Context, t T, pos []string) (int, error)) int {
 	pos, err := f.parse(args, nargs, nargs)
 	if err != nil {
 		return f.fail(err)
 	}
-	if check != nil {
-		if err := check(pos); err != nil {
-			return f.fail(err)
-		}
-	}
-	l, done, err := f.limiter(ctx)
+	t, done, err := open(ctx, pos)
 	if err != nil {
 		return f.fail(err)
 	}
 	defer done()
 	ctx, cancel := f.withTimeout(ctx)
 	defer cancel()
-	code, err := fn(ctx, l, pos)
+	code, err := fn(ctx, t, pos)
 	if err != nil {
 		return f.fail(err)
 	}

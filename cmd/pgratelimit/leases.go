@@ -40,55 +40,31 @@ func (f *flags) withLeasePolicy() *flags {
 	return f
 }
 
-// semaphoreConfig is the SemaphoreConfig of the lease flags and o. The
-// library checks it (NewSemaphore); configError says what it found in the
-// flags' terms.
-func (f *flags) semaphoreConfig(o leaseOpts) (pgratelimit.SemaphoreConfig, error) {
-	cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
-	switch f.storage {
-	case "durable":
-		cfg.Storage = pgratelimit.Durable
-	case "ephemeral":
-		cfg.Storage = pgratelimit.Ephemeral
-	default:
-		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
-	}
-	return cfg, nil
-}
-
-// withSemaphore runs a lease command: it parses nargs positional
-// arguments, runs check on them, which returns the semaphore's Max and
-// TTL, opens the semaphore and runs fn, which returns the exit status.
+// withSemaphore runs a lease command (runOn): check reads the positional
+// arguments and returns the semaphore's Max and TTL.
 func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, check func(pos []string) (leaseOpts, error),
 	fn func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error)) int {
-	pos, err := f.parse(args, nargs, nargs)
-	if err != nil {
-		return f.fail(err)
+	open := func(ctx context.Context, pos []string) (*pgratelimit.Semaphore, func(), error) {
+		o, err := check(pos)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
+		if cfg.Storage, err = f.storageFlag(); err != nil {
+			return nil, nil, err
+		}
+		pool, err := f.pool(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := pgratelimit.NewSemaphore(pool, cfg)
+		if err != nil {
+			pool.Close()
+			return nil, nil, configError(err)
+		}
+		return s, pool.Close, nil
 	}
-	o, err := check(pos)
-	if err != nil {
-		return f.fail(err)
-	}
-	cfg, err := f.semaphoreConfig(o)
-	if err != nil {
-		return f.fail(err)
-	}
-	pool, err := f.pool(ctx)
-	if err != nil {
-		return f.fail(err)
-	}
-	defer pool.Close()
-	s, err := pgratelimit.NewSemaphore(pool, cfg)
-	if err != nil {
-		return f.fail(configError(err))
-	}
-	ctx, cancel := f.withTimeout(ctx)
-	defer cancel()
-	code, err := fn(ctx, s, pos)
-	if err != nil {
-		return f.fail(err)
-	}
-	return code
+	return runOn(f, ctx, args, nargs, open, fn)
 }
 
 // checkMax says a --max that a command needs (required) is missing.
