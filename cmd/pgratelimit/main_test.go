@@ -51,15 +51,21 @@ func startCLI(t *testing.T, url string, args ...string) (*exec.Cmd, *bufio.Scann
 	return cmd, bufio.NewScanner(out)
 }
 
-// pgrl runs the CLI in-process with DATABASE_URL set to url.
-func pgrl(url string, args ...string) (code int, stdout, stderr string) {
-	var out, errOut bytes.Buffer
-	getenv := func(k string) string {
+// databaseURL is an environment with DATABASE_URL set to url, and nothing
+// else.
+func databaseURL(url string) func(string) string {
+	return func(k string) string {
 		if k == "DATABASE_URL" {
 			return url
 		}
 		return ""
 	}
+}
+
+// pgrl runs the CLI in-process with DATABASE_URL set to url.
+func pgrl(url string, args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	getenv := databaseURL(url)
 	// Not a terminal, whatever the test's stdin is: nothing asks.
 	code = runCLI(context.Background(), &cli{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, getenv: getenv}, args)
 	return code, out.String(), errOut.String()

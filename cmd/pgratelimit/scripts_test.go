@@ -43,9 +43,9 @@ func TestJSONErrors(t *testing.T) {
 		require.Equal(t, 1, strings.Count(stderr, "\n"), "one line: %s", stderr)
 	}
 	// A denial is no error: exit 1 and the result on stdout.
-	code, _, stderr := pgrl(url, "allow", "k", "--cost", "10", "--json")
+	code, _, stderr := pgrl(url, "allow", "k", "--cost", "10", "--json", "--interval", "1h")
 	require.Equal(t, 0, code, stderr)
-	code, out, stderr := pgrl(url, "allow", "k", "--json")
+	code, out, stderr := pgrl(url, "allow", "k", "--json", "--interval", "1h")
 	require.Equal(t, 1, code)
 	require.Empty(t, stderr)
 	require.Contains(t, out, `"allowed":false`)
@@ -64,9 +64,9 @@ func TestJSONNever(t *testing.T) {
 	require.Equal(t, 0.0, r["from_grants"])
 	require.Equal(t, false, r["replayed"])
 
-	code, _, _ = pgrl(url, "allow", "k", "--cost", "10", "--json")
+	code, _, _ = pgrl(url, "allow", "k", "--cost", "10", "--json", "--interval", "1h")
 	require.Equal(t, 0, code)
-	code, out, _ = pgrl(url, "allow", "k", "--json")
+	code, out, _ = pgrl(url, "allow", "k", "--json", "--interval", "1h")
 	require.Equal(t, 1, code)
 	require.NoError(t, json.Unmarshal([]byte(out), &r))
 	require.Greater(t, r["retry_after_ms"], 0.0, "a wait: a number")
@@ -128,12 +128,7 @@ func TestMigrateDownConfirms(t *testing.T) {
 
 	onTerminal := func(answer string) (int, string, string) {
 		var o, e bytes.Buffer
-		getenv := func(k string) string {
-			if k == "DATABASE_URL" {
-				return url
-			}
-			return ""
-		}
+		getenv := databaseURL(url)
 		code := runCLI(context.Background(), &cli{stdin: strings.NewReader(answer), terminal: true, stdout: &o, stderr: &e, getenv: getenv}, []string{"migrate", "down"})
 		return code, o.String(), e.String()
 	}
@@ -172,12 +167,7 @@ func TestEventsFollowSaysItWaits(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, stderr lockedBuffer
-	getenv := func(k string) string {
-		if k == "DATABASE_URL" {
-			return url
-		}
-		return ""
-	}
+	getenv := databaseURL(url)
 	done := make(chan int, 1)
 	go func() {
 		done <- runCLI(ctx, &cli{stdin: strings.NewReader(""), stdout: &out, stderr: &stderr, getenv: getenv}, []string{"events", "--follow", "--key", "k"})
