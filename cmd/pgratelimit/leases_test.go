@@ -51,7 +51,7 @@ func TestLeaseCommands(t *testing.T) {
 	code, out, stderr = acquire("--request-id", "job-7", "--weight", "2")
 	require.Equal(t, 2, code)
 	require.Empty(t, out)
-	require.Equal(t, "pgratelimit acquire: request ID \"job-7\" holds a live lease of \"org-1\" of weight 1, not 2: nothing taken (a new lease needs a new ID)\n", stderr)
+	require.Equal(t, "pgratelimit acquire: request ID \"job-7\" holds a live lease of \"org-1\" of another weight, not 2: nothing taken (a new lease needs a new ID)\n", stderr)
 
 	// Full: denied, exit 1, with what is held and when to retry.
 	code, out, _ = acquire()

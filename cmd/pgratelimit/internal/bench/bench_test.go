@@ -51,7 +51,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, "ours-coalesce-durable-async", o.contender())
 	o.Storage = "ephemeral"
 	cfg, err = o.Config()
-	require.NoError(t, err, "asynchronous commit on unlogged tables too (bench peers' unlogged scenario)")
+	require.NoError(t, err, "asynchronous commit on unlogged tables too (the peer benchmark's unlogged scenario)")
 	require.True(t, cfg.AsyncCommit)
 
 	o = defaults(t)
