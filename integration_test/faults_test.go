@@ -82,7 +82,7 @@ func TestRestartUnderLoad(t *testing.T) {
 			wg := ld.run(l, 32, "k", 2*time.Second, stop)
 			time.Sleep(500 * time.Millisecond)
 			before := ld.allowed.Load() + ld.denied.Load()
-			require.NoError(t, in.PgCtl(context.Background(), "restart", "-m", mode))
+			require.NoError(t, in.Restart(context.Background(), mode))
 			ld.mark.Store(true)
 			require.Eventually(t, func() bool { return ld.okAfter.Load() > 100 }, 30*time.Second, 10*time.Millisecond,
 				"checks succeed again after the restart")
@@ -119,7 +119,7 @@ func TestEphemeralAfterCrash(t *testing.T) {
 		require.True(t, r.Allowed)
 		ls = append(ls, l)
 	}
-	require.NoError(t, in.PgCtl(ctx, "restart", "-m", "immediate"))
+	require.NoError(t, in.Restart(ctx, "immediate"))
 	pool.Reset() // drop the dead connections
 	durable, err := ls[0].Peek(ctx, "k")
 	require.NoError(t, err)
