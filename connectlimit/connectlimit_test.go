@@ -455,7 +455,7 @@ func TestCheckTimeout(t *testing.T) {
 			c := serve(t, "connect", connectlimit.NewInterceptor(l, tc.opts...))
 			// The client's own deadline is only a failsafe, far past the
 			// bound: the server must answer first.
-			ctx, cancel := context.WithTimeout(context.Background(), tc.bound+10*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), tc.bound+30*time.Second)
 			start := time.Now()
 			_, err := c.echo.CallUnary(ctx, connect.NewRequest(wrapperspb.String("hi")))
 			took := time.Since(start)
@@ -463,9 +463,9 @@ func TestCheckTimeout(t *testing.T) {
 			if code := connect.CodeOf(err); (err == nil) != (tc.code == 0) || (err != nil && code != tc.code) {
 				t.Fatalf("%s: %v, want %s", tc.name, err, tc.code)
 			}
-			// The bound, and a moment for the answer (more under -race on
-			// a busy machine).
-			if took < tc.bound || took > tc.bound+time.Second {
+			// Not before the bound; then at once, or within a few seconds on a
+			// busy machine under -race: long before the failsafe.
+			if took < tc.bound || took > tc.bound+5*time.Second {
 				t.Fatalf("%s: answered in %s, bound %s", tc.name, took, tc.bound)
 			}
 		}

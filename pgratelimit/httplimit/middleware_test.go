@@ -220,13 +220,13 @@ func TestCheckTimeout(t *testing.T) {
 				if w.Code != tc.code {
 					t.Fatalf("%s: %d, want %d", tc.name, w.Code, tc.code)
 				}
-				// The bound, and a moment for the answer (more under -race
-				// on a busy machine).
-				if took < tc.bound || took > tc.bound+time.Second {
+				// Not before the bound; then at once, or within a few seconds on a
+				// busy machine under -race: long before the failsafe.
+				if took < tc.bound || took > tc.bound+5*time.Second {
 					t.Fatalf("%s: answered in %s, bound %s", tc.name, took, tc.bound)
 				}
-			case <-time.After(tc.bound + 10*time.Second):
-				t.Fatalf("%s: no answer %s after the bound", tc.name, 10*time.Second)
+			case <-time.After(tc.bound + 30*time.Second):
+				t.Fatalf("%s: no answer %s after the bound", tc.name, 30*time.Second)
 			}
 		}
 	})
