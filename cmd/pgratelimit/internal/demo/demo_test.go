@@ -156,7 +156,7 @@ func TestDemoAPI(t *testing.T) {
 	checkCreditsAPIMore(t, page)
 	checkJobsAPI(t, page)
 
-	// The event stream sends the state at least twice a second.
+	// The event stream sends the state every half second.
 	resp, err := http.Get(page + "api/events")
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -168,7 +168,9 @@ func TestDemoAPI(t *testing.T) {
 		require.NoError(t, err)
 		buf = buf[:len(buf)+n]
 	}
-	require.Less(t, time.Since(start), time.Second, "three events within a second")
+	// At 0, 0.5 and 1s: the bound is generous, for a busy machine; a stream
+	// that sent only on changes would send one.
+	require.Less(t, time.Since(start), 10*time.Second, "three events in a few seconds")
 }
 
 // chargeCredits charges the credits scenario cost through the demo's API
