@@ -256,7 +256,7 @@ func startLocal(ctx context.Context, opts Options) (*Instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgratelimit-pg-")
+	dir, err := TempDir("pgratelimit-pg-")
 	if err != nil {
 		return nil, err
 	}

@@ -78,7 +78,7 @@ func PgBouncer(t testing.TB) string {
 	db.Close()
 
 	// Its ini, in a directory the postgres OS user can read when we are root.
-	dir, err := os.MkdirTemp("", "pgratelimit-pgbouncer-") // not t.TempDir(): its parent is root's only
+	dir, err := pglaunch.TempDir("pgratelimit-pgbouncer-") // not t.TempDir(): its parent is root's only
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func TestServersDieWithTheTestBinary(t *testing.T) {
 			}
 		}
 		if len(left) == 0 {
-			return
+			break
 		}
 		if time.Now().After(deadline) {
 			for _, p := range left {
@@ -108,6 +108,23 @@ func TestServersDieWithTheTestBinary(t *testing.T) {
 			t.Fatalf("left running after the test binary was killed: %+v", left)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Their directories stay behind; the next to make one of their kind
+	// removes them.
+	t.Setenv("TMPDIR", tmp)
+	for pattern, want := range map[string]int{"pgratelimit-pg-": postmasters, "pgratelimit-pgbouncer-": pgbouncers} {
+		stale, _ := filepath.Glob(filepath.Join(tmp, pattern+"*"))
+		if len(stale) != want {
+			t.Errorf("%s: the killed binary left %v; want %d", pattern, stale, want)
+		}
+		d, err := pglaunch.TempDir(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now, _ := filepath.Glob(filepath.Join(tmp, pattern+"*")); len(now) != 1 || now[0] != d {
+			t.Errorf("%s: the killed binary's %v; after a new one, %v", pattern, stale, now)
+		}
 	}
 }
 
