@@ -106,7 +106,8 @@ func getJSON(t *testing.T, method, u string, form url.Values, v any) int {
 // delivers, and jobs hold leases (with a TTL of 4s, not the page's 10s).
 func TestDemoAPI(t *testing.T) {
 	t.Parallel()
-	page := startDemo(t, testdb.NewEmptySchema(t).URL(t), jobsConfig{ttl: 4 * time.Second, runFor: 6 * time.Second})
+	dbURL := testdb.NewEmptySchema(t).URL(t)
+	page := startDemo(t, dbURL, jobsConfig{ttl: 4 * time.Second, runFor: 6 * time.Second})
 
 	var st stateJSON
 	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
@@ -154,7 +155,7 @@ func TestDemoAPI(t *testing.T) {
 
 	checkCreditsAPI(t, page)
 	checkCreditsAPIMore(t, page)
-	checkJobsAPI(t, page)
+	checkJobsAPI(t, page, dbURL)
 
 	// The event stream sends the state every half second.
 	resp, err := http.Get(page + "api/events")
