@@ -116,27 +116,23 @@ type Lease struct {
 	AcquiredAt, ExpiresAt time.Time
 }
 
-// LeaseResult is the outcome of an acquisition.
+// LeaseResult is the outcome of an acquisition: a Result, as a limiter's
+// check has it, and the lease. Allowed says the lease was acquired (when
+// not, nothing was written); Limit is the semaphore's Max and Remaining the
+// units the key's live leases leave free, this one counted (Limit minus
+// Remaining is what they hold); RetryAfter is, when not acquired, how long
+// until enough of the live leases expire for this weight, if none is
+// released or extended before (releases usually come sooner); ResetAfter
+// is how long until every live lease of the key has expired; Replayed says
+// the acquisition is a replay: its request ID (WithRequestID) named a live
+// lease of the key, which Lease is, and nothing was taken or written now.
+// Granted and FromGrants are 0.
 type LeaseResult struct {
-	// Acquired says whether the lease was acquired. When not, nothing was
-	// written.
-	Acquired bool
+	Result
 	// Lease is the lease acquired (or, for a retry of an acquisition with
 	// the same request ID, the one it acquired then); zero when not
 	// acquired.
 	Lease Lease
-	// Held is the units the key's live leases hold, this one included.
-	Held int64
-	// Limit is the semaphore's Max.
-	Limit int64
-	// RetryAfter is, when not acquired, how long until enough of the live
-	// leases expire for this weight, if none is released or extended
-	// before (releases usually come sooner). Zero when acquired.
-	RetryAfter time.Duration
-	// Replayed says the acquisition is a replay: its request ID
-	// (WithRequestID) named a live lease of the key, which Lease is, and
-	// nothing was taken or written now (Held counts that lease once).
-	Replayed bool
 }
 
 // Semaphore limits how much of something runs at once per key: a key has
@@ -258,7 +254,8 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	s.metrics.record(q.Ctx, key, q.Allowed, out)
-	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter, Replayed: out.Replayed}
+	res := LeaseResult{Result: resultOf(q.Outcomes[0].Outcome)}
+	res.Replayed = out.Replayed
 	if q.Allowed {
 		res.Lease = leaseOf(key, out.Lease)
 	}
