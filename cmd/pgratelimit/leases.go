@@ -234,7 +234,7 @@ func (a acquisition) print(f *flags) {
 		left = expiresIn(l, now)
 	}
 	if f.json {
-		j := acquireJSON{Key: a.key, Acquired: r.Allowed, Weight: a.weight, Held: r.Limit-r.Remaining, Limit: r.Limit,
+		j := acquireJSON{Key: a.key, Acquired: r.Allowed, Weight: a.weight, Held: r.Limit - r.Remaining, Limit: r.Limit,
 			RetryAfterMS: msOrNever(r.RetryAfter), Waited: a.gaveUp, RequestID: a.requestID}
 		if r.Allowed {
 			j.leaseJSON = leaseJSONOf(l, left)
