@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -388,4 +390,49 @@ func (s *Semaphore) settings() engine.Settings { return engine.Settings{Clock: s
 // from the database or from Go).
 func leaseOf(key string, l lease.Lease) Lease {
 	return Lease{ID: l.ID, Key: key, Weight: l.Weight, Token: l.Token, AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC()}
+}
+
+// run runs q as s's operation: in s's transaction (In), else in one of the
+// client's, coalesced unless disabled. what names it in errors (made only
+// when they can say it: a coalesced batch's errors name no call).
+func (s *Semaphore) run(q *engine.Request, what func() string) error {
+	set := s.settings()
+	switch {
+	case s.tx != nil:
+		return s.client.runIn(q.Ctx, s.tx, q, set, what())
+	case s.cfg.DisableCoalescing:
+		return s.client.run(q, set, nil, false, what())
+	}
+	return s.client.run(q, set, nil, true, "")
+}
+
+// maxKnownRows bounds the keys a semaphore remembers (knownRows): past it,
+// it starts again from none.
+const maxKnownRows = 1 << 16
+
+// knownRows are keys whose row a semaphore has seen (an operation of its
+// own locked it), so that its coalesced acquisitions of them skip the
+// INSERT of the row (engine.Charge.NoInsert), which costs a batch as much
+// as the lock. It is only ever a matter of speed: a key whose row cleanup
+// has deleted since (its leases all forgotten) is deferred by its batch and
+// runs again with the INSERT.
+type knownRows struct {
+	keys sync.Map // key -> struct{}
+	n    atomic.Int64
+}
+
+func (k *knownRows) has(key string) bool {
+	_, ok := k.keys.Load(key)
+	return ok
+}
+
+func (k *knownRows) add(key string) {
+	if k.has(key) {
+		return
+	}
+	if k.n.Add(1) > maxKnownRows {
+		k.keys.Clear()
+		k.n.Store(1)
+	}
+	k.keys.Store(key, struct{}{})
 }
