@@ -7,9 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pgratelimit/pgratelimit/internal/engine"
-
 	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // Grants: credits added to a key beyond its bucket, in any amount, with an

@@ -13,11 +13,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/metric"
-
 	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/lease"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // SemaphoreConfig is a Semaphore's limit: live leases hold at most Max units

@@ -8,12 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/alert"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pgratelimit/pgratelimit/internal/account"
 	"go.opentelemetry.io/otel/metric"
 )
 
