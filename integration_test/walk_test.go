@@ -585,7 +585,10 @@ WHERE `+which+` AND pid <> pg_backend_pid() AND backend_type = 'client backend'`
 			})
 		}
 		return context.WithTimeout(context.Background(), 10*time.Second)
-	}, terminating.Wait)
+	}, func() {
+		terminating.Wait()
+		pool.Reset() // the audit reads on connections no termination reached
+	})
 }
 
 func randomHex() string {
