@@ -46,6 +46,7 @@ type ClientConfig struct {
 //
 // A Client is safe for concurrent use.
 type Client struct {
+	mem   *engine.Memory // NewMemoryClient's: no database
 	pool  *pgxpool.Pool
 	co    *coalesce.Coalescer
 	gate  gate
@@ -107,6 +108,23 @@ func orDefault(v, def int) int {
 	return v
 }
 
+// NewMemoryClient returns a Client whose limiters keep their buckets in
+// this process's memory, for the tests of code that takes a *Limiter
+// (handlers, jobs) without a database. Its limiters decide every operation
+// with the same account model, as one transaction would, each all or
+// nothing and one at a time: checks, AllowAll over its limiters, Wait,
+// Peek, Refund, Reset, grants, debits, settlements, request IDs and the
+// ledger. What it cannot do: the caller's transactions (In: every
+// operation is ErrInvalidArgument), Semaphores and Config.Alerts (they need
+// the database: ErrInvalidConfig), more than one process, and keeping
+// anything when the process ends. Time is Config.Clock's, else the
+// process's clock (a limiter on the database reads the database's).
+func NewMemoryClient() *Client {
+	c := &Client{mem: engine.NewMemory(), slots: 1, routing: false}
+	c.gate.drained = make(chan struct{})
+	return c
+}
+
 // NewLimiter returns a Limiter for cfg whose checks go through c. It
 // validates cfg (a *ConfigError names the bad field) and does not touch the
 // database.
@@ -160,7 +178,9 @@ func (c *Client) Close(ctx context.Context) error {
 	idle := make(chan struct{})
 	go func() {
 		<-c.gate.drained
-		c.co.Wait()
+		if c.co != nil {
+			c.co.Wait()
+		}
 		c.nodesMu.Lock()
 		for _, co := range c.nodes {
 			co.Wait()
@@ -221,6 +241,9 @@ func (c *Client) run(q *engine.Request, set engine.Settings, seen func(context.C
 		return ErrClosed
 	}
 	defer c.gate.leave()
+	if c.mem != nil {
+		return c.mem.Run(q, set)
+	}
 	d, err := c.dialect(q.Ctx)
 	if err != nil {
 		return err

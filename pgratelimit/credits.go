@@ -93,11 +93,10 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	var (
-		st  account.State
-		now time.Time
-	)
-	if err := l.client.read(ctx, l.tx, "list the grants of "+quoteKey(key), engine.ReadGrants(l.row(key), l.clock.Param(), &st, &now)...); err != nil {
+	st, now, err := l.load(ctx, key, "list the grants of "+quoteKey(key), func(st *account.State, now *time.Time) []engine.Stmt {
+		return engine.ReadGrants(l.row(key), l.clock.Param(), st, now)
+	})
+	if err != nil {
 		return nil, err
 	}
 	slices.SortFunc(st.Grants, account.CompareGrants)
@@ -204,7 +203,9 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 		return nil, err
 	}
 	var rows []engine.LedgerRow
-	if err := l.client.read(ctx, l.tx, "read the ledger of "+quoteKey(key), engine.ReadLedger(l.row(key), since, &rows)); err != nil {
+	if m := l.client.mem; m != nil && l.tx == nil {
+		rows = m.Ledger(l.row(key), since)
+	} else if err := l.client.read(ctx, l.tx, "read the ledger of "+quoteKey(key), engine.ReadLedger(l.row(key), since, &rows)); err != nil {
 		return nil, err
 	}
 	es := make([]LedgerEntry, len(rows))
@@ -297,11 +298,16 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 	var (
 		rec   account.Record
 		found bool
-		now   time.Time
 	)
 	what := "look up request " + strconv.Quote(requestID) + " of " + quoteKey(key)
-	if err := l.client.read(ctx, l.tx, what, engine.ReadRecord(l.row(key), requestID, l.clock.Param(), l.p.Capacity, &rec, &found, &now)...); err != nil {
+	st, now, err := l.load(ctx, key, what, func(_ *account.State, now *time.Time) []engine.Stmt {
+		return engine.ReadRecord(l.row(key), requestID, l.clock.Param(), l.p.Capacity, &rec, &found, now)
+	})
+	if err != nil {
 		return RequestRecord{}, err
+	}
+	if l.client.mem != nil {
+		rec, found = st.Records[requestID]
 	}
 	if !found || !rec.Live(now) {
 		return RequestRecord{}, fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, requestID, quoteKey(key), l.cfg.Prefix)

@@ -190,6 +190,9 @@ func newSemaphore(c *Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if c.mem != nil {
+		return nil, configError("SemaphoreConfig", "needs a database: a Client of NewMemoryClient has none")
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -284,7 +284,7 @@ func (c Charge) same(i int, first Charge, tx *Tx) error {
 	cc, ctx := c.owner()
 	fc, _ := first.owner()
 	switch {
-	case cc.pool != fc.pool:
+	case cc.pool != fc.pool || cc.mem != fc.mem:
 		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore uses another pool than charge 0's; AllowAll runs one transaction", i)
 	case ctx != nil && tx == nil:
 		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore is bound to a transaction (In); run AllowAll in a transaction with Tx.AllowAll", i)

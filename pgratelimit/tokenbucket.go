@@ -332,6 +332,9 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if c.mem != nil && !cfg.Alerts.thresholds().Empty() {
+		return nil, configError("Config.Alerts", "need a database: a limiter of NewMemoryClient writes no events")
+	}
 	l := &Limiter{
 		client:  c,
 		cfg:     cfg,
@@ -463,11 +466,10 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}
-	var (
-		st  account.State
-		now time.Time
-	)
-	if err := l.client.read(ctx, l.tx, "peek "+quoteKey(key), engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now)...); err != nil {
+	st, now, err := l.load(ctx, key, "peek "+quoteKey(key), func(st *account.State, now *time.Time) []engine.Stmt {
+		return engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, st, now)
+	})
+	if err != nil {
 		return Result{}, err
 	}
 	return resultOf(account.Look(l.p, st, now, 1)), nil
