@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -63,6 +64,17 @@ type Client struct {
 	// refund, reset or grant through any of them clears the key's entries.
 	denyMu     sync.RWMutex
 	denyCaches map[string][]*denyCache
+
+	// The policies the client's limiters have recorded (their Record
+	// arguments, as one string): each once.
+	policies sync.Map
+}
+
+// notedPolicy says whether a limiter of c has recorded the policy of args
+// already, and notes that it has.
+func (c *Client) notedPolicy(args []any) bool {
+	_, seen := c.policies.LoadOrStore(fmt.Sprint(args...), true)
+	return seen
 }
 
 // defaultCoalesceConns is ClientConfig.CoalesceConns's default.

@@ -48,8 +48,9 @@ var (
 	ErrInvalidCost = errors.New("pgratelimit: invalid cost")
 
 	// ErrCostExceedsCapacity is returned for a cost above Config.Capacity of
-	// a limiter without Config.Grants (with grants, a cost above Capacity is
-	// decided with the key's grants: a denial when they cannot cover it):
+	// a limiter without Config.Grants or Config.Overrides (with grants, a
+	// cost above Capacity is decided with the key's grants, with overrides
+	// with the key's override: a denial when they cannot cover it):
 	// such a check could never be allowed, so it is refused before any
 	// database access rather than denied forever. It matches
 	// ErrInvalidArgument too.
@@ -172,9 +173,10 @@ func validateKey(key string) error {
 }
 
 // validateCost checks a check's cost against the limiter's policy: a cost
-// above Capacity could never be allowed, unless grants may cover the rest.
+// above Capacity could never be allowed, unless grants may cover the rest
+// or the key's override may be bigger.
 func (l *Limiter) validateCost(cost int64) error {
-	if l.cfg.Grants && cost >= 1 {
+	if (l.cfg.Grants || l.cfg.Overrides) && cost >= 1 {
 		return nil
 	}
 	if cost < 1 {

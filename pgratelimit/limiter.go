@@ -182,6 +182,16 @@ type Config struct {
 	// to none.
 	Alerts Alerts
 
+	// Overrides makes the limiter's checks read each key's override
+	// (SetOverride), in the statement that locks the key's bucket row (no
+	// extra round trip): while it lasts, it replaces Capacity and Refill
+	// for that key, on every instance at once. Limiters on one Prefix share
+	// the overrides of its keys, but only those with Overrides read them.
+	// Defaults to false: the checks send the statements they sent before
+	// overrides existed, and SetOverride and ClearOverride are
+	// ErrInvalidArgument. See docs/overrides.md.
+	Overrides bool
+
 	// MeterProvider receives the limiter's OpenTelemetry metrics (see
 	// README, Metrics): pgratelimit.checks, pgratelimit.check.duration and
 	// pgratelimit.batch.size. Defaults to otel.GetMeterProvider(), which
@@ -291,6 +301,7 @@ type Limiter struct {
 	deny    *denyCache    // nil: off (Config.DenyCacheSize)
 	metrics *instruments
 	alerts  *alert.Observer // nil: no Config.Alerts
+	note    *policyNote     // records the policy at the first operation
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -319,6 +330,7 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 		p:       cfg.policy(),
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 		alerts:  newAlertObserver(cfg),
+		note:    newPolicyNote(cfg),
 	}
 	if cfg.Clock != nil {
 		l.clock = &engine.Clock{Now: cfg.Clock}
@@ -433,7 +445,8 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 	return l.change(ctx, account.OpRefund, key, n, "refund "+quoteKey(key))
 }
 
-// Peek reports key's bucket as it is now without taking or writing anything.
+// Peek reports key's bucket as it is now without taking or writing anything
+// (with Config.Overrides, under the key's override while it lasts).
 // Remaining is the tokens it holds (negative while the key owes), Granted
 // the credits of the key's live grants (Config.Grants), Allowed whether a
 // check of cost 1 would be allowed (the balance, tokens plus grants, covers
@@ -447,10 +460,11 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		st  account.State
 		now time.Time
 	)
-	if err := l.read(ctx, "peek "+quoteKey(key), engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now)); err != nil {
+	ov, policy := l.peekOverride(key)
+	if err := l.read(ctx, "peek "+quoteKey(key), append(engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now), ov...)); err != nil {
 		return Result{}, err
 	}
-	return resultOf(account.Look(l.p, st, now, 1)), nil
+	return resultOf(account.Look(policy(now), st, now, 1)), nil
 }
 
 // read runs reads of l's: in l's transaction (In), else on the pool.
@@ -465,6 +479,7 @@ func (l *Limiter) read(ctx context.Context, what string, stmts []engine.Stmt) er
 		return ErrClosed
 	}
 	defer l.client.gate.leave()
+	l.notePolicy(ctx)
 	if err := ex.Pipeline(ctx, stmts); err != nil {
 		return engine.DBError(what, err)
 	}
@@ -492,7 +507,8 @@ func (l *Limiter) charge(key string, cost int64) engine.Charge {
 	if retention == 0 {
 		retention = 24 * time.Hour
 	}
-	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention}
+	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention,
+		Overrides: l.cfg.Overrides}
 	if l.alerts != nil {
 		c.Observer = l.alerts
 	}

@@ -94,6 +94,7 @@ func (l *Limiter) runIn(ctx context.Context, ex engine.Executor, q *engine.Reque
 // run runs q as l's operation: in l's transaction (In), else in one of the
 // client's, coalesced when coalesce. seen is told a coalesced batch's size.
 func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, what string) error {
+	l.notePolicy(q.Ctx)
 	if l.tx != nil {
 		return l.runIn(q.Ctx, l.tx.ex, q, set, what)
 	}

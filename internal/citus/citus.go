@@ -52,7 +52,9 @@ func (Coordinator) OneRowBatches() bool { return true }
 type coordinatorRow struct{ engine.OneRow }
 
 // Lock locks each row, then reads its grants when a spends them, for the
-// rows it holds.
+// rows it holds, and its override when a reads them (a statement of its
+// own after the lock, so with a snapshot taken after it: a key with no
+// bucket row of a's holds no override a's decisions use).
 func (coordinatorRow) Lock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
 	ts := a.Table(&s.Statements().Citus)
 	sql := ts.Lock
@@ -64,6 +66,7 @@ func (coordinatorRow) Lock(s engine.Storage, rows []engine.Row, a *engine.Attemp
 	for _, r := range rows {
 		stmts = append(stmts, engine.Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
+		stmts = append(stmts, a.OverrideRead(r)...)
 	}
 	return stmts
 }
@@ -76,6 +79,7 @@ func (c coordinatorRow) Relock(s engine.Storage, rows []engine.Row, a *engine.At
 	for _, r := range rows {
 		stmts = append(stmts, engine.Stmt{SQL: a.Table(&s.Statements().Citus).Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
+		stmts = append(stmts, a.OverrideRead(r)...)
 	}
 	return append(stmts, c.Clock(a)...)
 }

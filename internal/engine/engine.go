@@ -90,10 +90,13 @@ func CompareRows(a, b Row) int {
 // Charge is what a request does to one bucket: the costs of every charge of
 // the call on that bucket added up, decided by the first one's policy.
 type Charge struct {
-	Row       Row
-	Policy    account.Policy
-	Cost      int64
-	Grants    bool          // the key's grants are part of its account
+	Row    Row
+	Policy account.Policy
+	Cost   int64
+	Grants bool // the key's grants are part of its account
+	// Overrides says the key's override, while live, replaces Policy's
+	// Capacity and Refill (Config.Overrides): the locks read it.
+	Overrides bool
 	Ledger    bool          // write ledger entries
 	Retention time.Duration // how long the bucket remembers request IDs
 	// Part, when set, decides the charge instead of the account model: the
@@ -109,6 +112,24 @@ type Charge struct {
 	Observer Observer
 }
 
+// Override is a key's override of its limiter's Capacity and Refill.
+type Override struct {
+	Capacity, Refill int64
+	Until            time.Time // zero: no end
+	Note             string
+}
+
+// Live says o applies at now: it is one (Capacity > 0) and has not ended.
+func (o Override) Live(now time.Time) bool {
+	return o.Capacity > 0 && (o.Until.IsZero() || now.Before(o.Until))
+}
+
+// Policy is p under o: o's Capacity and Refill, p's schedule.
+func (o Override) Policy(p account.Policy) account.Policy {
+	p.Capacity, p.Refill = o.Capacity, o.Refill
+	return p
+}
+
 // Request is one call: one or more charges decided together, all or
 // nothing, and its outcome.
 type Request struct {
@@ -118,6 +139,11 @@ type Request struct {
 	ID      string    // the request ID; "" for none
 	Actual  int64     // OpSettle: the actual cost
 	Expires time.Time // OpGrant: the grant's expiry (zero: never)
+	// Override is OpPlan's: the override to set on the request's one
+	// charge, whose plan changes to it at once; nil clears the key's
+	// override (the charge's Policy applies again from the next operation
+	// that locks its row).
+	Override *Override
 
 	// The outcome, once decided (Outcomes not nil) or failed (Err).
 	Allowed  bool
