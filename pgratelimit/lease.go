@@ -133,6 +133,10 @@ type LeaseResult struct {
 	// leases expire for this weight, if none is released or extended
 	// before (releases usually come sooner). Zero when acquired.
 	RetryAfter time.Duration
+	// Replayed says the acquisition is a replay: its request ID
+	// (WithRequestID) named a live lease of the key, which Lease is, and
+	// nothing was taken or written now (Held counts that lease once).
+	Replayed bool
 }
 
 // Semaphore limits how much of something runs at once per key: a key has
@@ -230,7 +234,11 @@ func (s *Semaphore) In(tx Tx) *Semaphore {
 // another weight is ErrRequestMismatch. Errors are invalid input
 // (ErrInvalidKey; ErrInvalidCost for a weight below 1,
 // ErrCostExceedsCapacity above Max; ErrInvalidRequestID), found before any
-// database access, the context's, or the database's.
+// database access, the context's, or the database's. A context that ends as
+// the transaction commits returns its error though the lease was taken:
+// with a request ID, retry Acquire with it (it returns that lease) and
+// Release it if the work is off; without one, the lease holds its units
+// until its TTL (see docs/leases.md, Errors and retries).
 func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (LeaseResult, error) {
 	if err := s.validate(key, weight); err != nil {
 		return LeaseResult{}, err
@@ -250,7 +258,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	s.metrics.record(q.Ctx, key, q.Allowed, out)
-	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter}
+	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter, Replayed: out.Replayed}
 	if q.Allowed {
 		res.Lease = leaseOf(key, out.Lease)
 	}
@@ -319,9 +327,7 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 		ls  []lease.Lease
 		now time.Time
 	)
-	list := engine.Stmt{SQL: lease.StatementsOf(s.storage()).List, Args: []any{s.cfg.Prefix, key, s.clock.Param()},
-		Scan: func(rs engine.RowScanner) error { return scanLeaseList(rs, &ls, &now) }}
-	if err := s.read(ctx, "list the leases of "+quoteKey(key), list); err != nil {
+	if err := s.client.read(ctx, s.tx, "list the leases of "+quoteKey(key), lease.ReadList(s.row(key), s.clock.Param(), &ls, &now)); err != nil {
 		return nil, err
 	}
 	live := lease.Live(ls, now)
@@ -331,23 +337,6 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 		out = append(out, leaseOf(key, l))
 	}
 	return out, nil
-}
-
-func scanLeaseList(rs engine.RowScanner, ls *[]lease.Lease, now *time.Time) error {
-	for rs.Next() {
-		var col *string
-		if err := rs.Scan(&col, now); err != nil {
-			return err
-		}
-		if col != nil {
-			got, err := lease.Decode(*col)
-			if err != nil {
-				return err
-			}
-			*ls = append(*ls, got...)
-		}
-	}
-	return rs.Err()
 }
 
 // validate checks a key and a weight before any database access.
@@ -390,8 +379,9 @@ func (s *Semaphore) decided(key string, call *lease.Call) {
 
 // request is a request of one operation of kind on key, with call.
 func (s *Semaphore) request(ctx context.Context, call *lease.Call, kind lease.Kind, key string, weight int64) *engine.Request {
-	return &engine.Request{Ctx: lease.WithCall(ctx, call), Kind: account.OpCharge,
-		Charges: []engine.Charge{s.charge(kind, key, weight)}}
+	c := s.charge(kind, key, weight)
+	c.Call = call
+	return &engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: []engine.Charge{c}}
 }
 
 // settings are what a transaction of s's operations shares with others.

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
-	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
@@ -46,7 +45,7 @@ func (l *Limiter) Settle(ctx context.Context, key, requestID string, actual int6
 	if err := l.run(q, l.settings(), false, "settle "+quoteKey(key)); err != nil {
 		return Result{}, err
 	}
-	return resultOf(q.Outcomes[0]), nil
+	return decidedResult(q.Outcomes[0]), nil
 }
 
 // Debit takes n from key whatever it holds: from the bucket's tokens first,
@@ -103,19 +102,13 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	var es []LedgerEntry
-	list := engine.Stmt{SQL: sqlgen.Ledger.List, Args: []any{l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano)}, Scan: func(rs engine.RowScanner) error {
-		for rs.Next() {
-			var e LedgerEntry
-			if err := rs.Scan(&e.ID, &e.At, &e.Amount, &e.Kind, &e.RequestID, &e.Balance, &e.GrantsAmount, &e.Granted); err != nil {
-				return err
-			}
-			es = append(es, e)
-		}
-		return rs.Err()
-	}}
-	if err := l.read(ctx, "read the ledger of "+quoteKey(key), []engine.Stmt{list}); err != nil {
+	var rows []engine.LedgerRow
+	if err := l.client.read(ctx, l.tx, "read the ledger of "+quoteKey(key), engine.ReadLedger(l.row(key), since, &rows)); err != nil {
 		return nil, err
+	}
+	es := make([]LedgerEntry, len(rows))
+	for i, r := range rows {
+		es[i] = LedgerEntry(r)
 	}
 	return es, nil
 }

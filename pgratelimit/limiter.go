@@ -1,6 +1,7 @@
 package pgratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -266,16 +267,34 @@ type Result struct {
 	// Remaining is the number of tokens left after this check.
 	Remaining int64
 	// RetryAfter is, for a denied check, how long until enough whole refills
-	// have happened for the same cost to be allowed (if nothing else takes
-	// tokens meanwhile, and no grant expires). Zero when allowed;
-	// InfDuration when refills alone never can (a cost above Capacity plus
-	// the key's grants).
+	// have happened for the same cost to be allowed, if nothing else takes
+	// or gives tokens meanwhile: the key's grants count only while they
+	// live (one that expires before then is counted out). Zero when
+	// allowed; InfDuration when refills never can (a cost above Capacity
+	// plus the grants still live by then).
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration
 	// Granted is the credits the key's live grants hold after this check,
 	// beyond Remaining (limiters with Config.Grants; 0 otherwise).
 	Granted int64
+	// FromGrants is how much of this charge the key's live grants paid
+	// (Config.Grants): the cost less what the bucket's tokens paid, for an
+	// allowed check or a Debit. For a Settle it is the grants' part of the
+	// settlement's difference: what the grants paid of a cost above the
+	// estimate, or, negative, what went back to them of a cost below it.
+	// A replay reports what the grants paid the first time (a Settle's
+	// replay, what its settlement's difference did). 0 for a denial, a Refund, a Reset, a Peek, and on a
+	// limiter without grants. In AllowAll, charges of one bucket are
+	// decided as one, and each of their Results reports their sum's.
+	FromGrants int64
+	// Replayed says the Result is a replay: the call's request ID
+	// (WithRequestID) had been seen on the key, so this is the first
+	// call's Result, bit for bit, and nothing was taken, written or
+	// changed now (for a Settle: the request was settled before at the
+	// same actual cost). A denial is never recorded, so it is never
+	// replayed; neither is a Peek.
+	Replayed bool
 }
 
 // Limiter is a token-bucket rate limiter whose buckets live in PostgreSQL,
@@ -345,7 +364,8 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 // policy is c's bucket policy: a grid of Interval, or c's Calendar with its
 // own anchor.
 func (c Config) policy() account.Policy {
-	p := account.Policy{Capacity: c.Capacity, Refill: c.Refill}
+	p := account.Policy{Capacity: c.Capacity, Refill: c.Refill, Grants: c.Grants, Ledger: c.Ledger,
+		Retention: cmp.Or(c.RequestIDRetention, 24*time.Hour)}
 	if c.Calendar != (Calendar{}) {
 		p.Schedule = c.Calendar.at(time.Time{})
 	} else {
@@ -461,29 +481,11 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		now time.Time
 	)
 	ov, policy := l.peekOverride(key)
-	if err := l.read(ctx, "peek "+quoteKey(key), append(engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now), ov...)); err != nil {
+	l.notePolicy(ctx)
+	if err := l.client.read(ctx, l.tx, "peek "+quoteKey(key), append(engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now), ov...)...); err != nil {
 		return Result{}, err
 	}
 	return resultOf(account.Look(policy(now), st, now, 1)), nil
-}
-
-// read runs reads of l's: in l's transaction (In), else on the pool.
-func (l *Limiter) read(ctx context.Context, what string, stmts []engine.Stmt) error {
-	ex := engine.Executor(engine.PgxExecutor{Q: l.client.pool})
-	if l.tx != nil {
-		if ex = l.tx.ex; ex == nil {
-			return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
-		}
-	}
-	if !l.client.gate.enter() {
-		return ErrClosed
-	}
-	defer l.client.gate.leave()
-	l.notePolicy(ctx)
-	if err := ex.Pipeline(ctx, stmts); err != nil {
-		return engine.DBError(what, err)
-	}
-	return nil
 }
 
 // Reset makes key's bucket full again by deleting its row (its refills keep
@@ -503,12 +505,7 @@ func (l *Limiter) row(key string) engine.Row {
 
 // charge is a charge of cost to key's bucket, with l's policy and settings.
 func (l *Limiter) charge(key string, cost int64) engine.Charge {
-	retention := l.cfg.RequestIDRetention
-	if retention == 0 {
-		retention = 24 * time.Hour
-	}
-	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention,
-		Overrides: l.cfg.Overrides}
+	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Overrides: l.cfg.Overrides}
 	if l.alerts != nil {
 		c.Observer = l.alerts
 	}
@@ -525,7 +522,7 @@ func (l *Limiter) change(ctx context.Context, kind account.Kind, key string, n i
 	if err := l.run(q, l.settings(), false, what); err != nil {
 		return Result{}, err
 	}
-	return resultOf(q.Outcomes[0]), nil
+	return decidedResult(q.Outcomes[0]), nil
 }
 
 // changeRequest is the request of a change: kind on key for n.
@@ -548,6 +545,14 @@ func quoteKey(key string) string { return engine.QuoteKey(key) }
 func resultOf(o account.Outcome) Result {
 	return Result{Allowed: o.Allowed, Limit: o.Limit, Remaining: o.Remaining, RetryAfter: o.RetryAfter,
 		ResetAfter: o.ResetAfter, Granted: o.Granted}
+}
+
+// decidedResult is the Result of an outcome the engine decided: with what
+// the model said of it besides.
+func decidedResult(o engine.Outcome) Result {
+	r := resultOf(o.Outcome)
+	r.FromGrants, r.Replayed = o.FromGrants, o.Replayed
+	return r
 }
 
 // errAsyncID is the error of a call with a request ID on a limiter with

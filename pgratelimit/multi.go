@@ -83,7 +83,8 @@ type MultiResult struct {
 // Every Limiter and Semaphore must use the same pool; otherwise, and for a
 // charge with neither or both, or no charges, the error wraps
 // ErrInvalidConfig. A bad key, a cost below 1, or a cost (summed per
-// bucket) above that bucket's Capacity (a semaphore's Max) is
+// bucket) above that bucket's Capacity (of a limiter without Grants; a
+// semaphore's Max) is
 // ErrInvalidKey, ErrInvalidCost or ErrCostExceedsCapacity, before any
 // database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
@@ -95,7 +96,7 @@ func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error
 	start := time.Now()
 	cl, _, err := newCall(ctx, tx, charges)
 	if err != nil {
-		recordInvalid(ctx, start, charges)
+		record(ctx, start, MultiResult{}, err, charges)
 		return MultiResult{}, err
 	}
 	var m MultiResult
@@ -104,7 +105,7 @@ func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error
 		m = cl.result()
 		cl.recordLeases(charges, m)
 	}
-	record(ctx, start, m, err, limiterCharges(charges))
+	record(ctx, start, m, err, charges)
 	return m, err
 }
 
@@ -158,7 +159,7 @@ func (cl call) result() MultiResult {
 	results := make([]Result, len(q.Outcomes))
 	var retry time.Duration
 	for i, o := range q.Outcomes {
-		results[i] = resultOf(o)
+		results[i] = decidedResult(o)
 		retry = max(retry, results[i].RetryAfter)
 	}
 	m := MultiResult{Allowed: q.Allowed, Results: results}
@@ -195,6 +196,7 @@ func (cl call) leases(results []Result) []Lease {
 		case c.Part == nil || !ok:
 		case q.Allowed:
 			ls[j] = leaseOf(c.Row.Key, out.Lease)
+			results[j].Replayed = out.Replayed
 		case results[j].Allowed && !out.Replayed:
 			// This lease alone fitted, another charge did not: nothing
 			// was taken.
@@ -228,30 +230,13 @@ func (cl call) run(charges []Charge, tx *Tx) error {
 		}
 	}
 	if tx != nil {
-		return runInTx(client, cl.q.Ctx, tx.ex, cl.q, set, "check")
+		return client.runIn(cl.q.Ctx, tx, cl.q, set, "check")
 	}
 	var seen func(context.Context, int)
 	if l := charges[0].lim; l != nil {
 		seen = l.metrics.seen
 	}
 	return client.run(cl.q, set, seen, co, "check")
-}
-
-// limiterCharges are the charges of charges with a Limiter (for the
-// limiters' metrics).
-func limiterCharges(charges []Charge) []Charge {
-	for i, c := range charges {
-		if c.lim == nil {
-			out := slices.Clone(charges[:i])
-			for _, c := range charges[i:] {
-				if c.lim != nil {
-					out = append(out, c)
-				}
-			}
-			return out
-		}
-	}
-	return charges
 }
 
 // owner is the client and the caller's transaction (nil: none) of c's
@@ -344,7 +329,7 @@ func (cl *call) add(i int, c Charge, first Charge) error {
 	if cl.of != nil {
 		cl.of[i] = j
 	}
-	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Grants && !q.Charges[j].Overrides {
+	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Policy.Grants && !q.Charges[j].Overrides {
 		return badArg(ErrCostExceedsCapacity, "the costs of %s of prefix %q add up to %d, capacity %d", quoteKey(c.key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
 	}
 	return nil
@@ -363,9 +348,9 @@ func (cl *call) addLease(i int, c Charge, first Charge) error {
 			id = rand.Text()
 		}
 		cl.lease = &lease.Call{ID: id}
-		cl.q.Ctx = lease.WithCall(cl.q.Ctx, cl.lease)
 	}
 	q, ch := cl.q, s.charge(lease.Acquire, c.key, 0)
+	ch.Call = cl.lease
 	j := slices.IndexFunc(q.Charges, func(o engine.Charge) bool { return o.Row == ch.Row })
 	switch {
 	case j < 0:

@@ -110,7 +110,7 @@ func (l *Limiter) plan(ctx context.Context, key string, o *engine.Override, what
 	if err := l.run(q, l.settings(), false, what); err != nil {
 		return Result{}, err
 	}
-	return resultOf(q.Outcomes[0]), nil
+	return resultOf(q.Outcomes[0].Outcome), nil
 }
 
 // peekOverride is what Peek adds to read key's override with its bucket:

@@ -109,6 +109,11 @@ type Outcome struct {
 	Granted    int64
 	RetryAfter time.Duration
 	ResetAfter time.Duration
+	// FromGrants is what the live grants paid of an allowed charge or debit,
+	// or of a settlement's difference (negative when it gave credits back
+	// to grants); 0 for every other operation and for a denial. A record
+	// keeps it, so a replay says it again.
+	FromGrants int64
 }
 
 // Spent says where a charge or debit took its credits: how many from the
@@ -172,4 +177,18 @@ func Granted(gs []Grant, now time.Time) int64 {
 		}
 	}
 	return sum
+}
+
+// Written is the balance s held when its row was last written, as far as
+// now can tell: its tokens then (Capacity, for a row that reads as a full
+// bucket: past its expiry, or a placeholder) plus the amounts of its grants
+// not yet written off, expired ones included. Where a Look at now finds
+// less, the balance fell without an operation: grants expired, or a smaller
+// plan clamped the tokens (refills only ever add).
+func Written(p Policy, s State, now time.Time) int64 {
+	tokens := s.Bucket.Tokens
+	if !now.Before(s.Bucket.ExpiresAt) || s.Bucket.RefilledAt.IsZero() {
+		tokens = p.Capacity
+	}
+	return AddSat(tokens, sumAmounts(s.Grants))
 }

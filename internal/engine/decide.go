@@ -16,8 +16,7 @@ import (
 
 // op is the account operation of q on charge c.
 func (q *Request) op(c Charge, grantID int64) account.Op {
-	op := account.Op{Kind: q.Kind, Amount: c.Cost, ID: q.ID, Retention: c.Retention,
-		GrantID: grantID, ExpiresAt: q.Expires, Ledger: c.Ledger}
+	op := account.Op{Kind: q.Kind, Amount: c.Cost, ID: q.ID, GrantID: grantID, ExpiresAt: q.Expires}
 	if q.Kind == account.OpSettle {
 		op.Amount = q.Actual
 	}
@@ -64,16 +63,19 @@ func (a *Attempt) decideOne(q *Request) {
 		}
 		allowed = allowed && changes[i].Allowed
 	}
-	outs := make([]account.Outcome, len(q.Charges))
+	outs := make([]Outcome, len(q.Charges))
 	for i, c := range charges {
-		outs[i] = changes[i].Outcome
+		outs[i].Outcome = changes[i].Outcome
+		if allowed && c.Part == nil {
+			outs[i].Replayed = changes[i].Replayed
+		}
 		var before account.Outcome
 		if c.Part == nil && (c.Observer != nil || !allowed && changes[i].Allowed) {
 			before = account.Look(c.Policy, *a.state[c.Row], a.now, c.Cost)
 		}
 		if !allowed && changes[i].Allowed && c.Part == nil {
 			// This bucket had enough, another did not: nothing is taken.
-			outs[i] = before
+			outs[i].Outcome = before
 		}
 		if c.Observer != nil {
 			c.Observer.Observe(a, q, c, before, changes[i], allowed)
@@ -119,7 +121,7 @@ func (a *Attempt) decidePlan(q *Request) {
 	p := c.Policy
 	if o := q.Override; o != nil {
 		p = o.Policy(c.Policy)
-		ns, ch, err := account.Apply(p, *st, a.now, account.Op{Kind: account.OpPlan, Ledger: c.Ledger})
+		ns, ch, err := account.Apply(p, *st, a.now, account.Op{Kind: account.OpPlan})
 		if err != nil {
 			q.Err = requestError(err, q, c)
 			return
@@ -130,7 +132,7 @@ func (a *Attempt) decidePlan(q *Request) {
 		delete(a.overrides, c.Row)
 	}
 	a.overrideWrites = append(a.overrideWrites, overrideWrite{row: c.Row, o: q.Override})
-	q.Allowed, q.Outcomes = true, []account.Outcome{account.Look(p, *st, a.now, 1)}
+	q.Allowed, q.Outcomes = true, []Outcome{{Outcome: account.Look(p, *st, a.now, 1)}}
 }
 
 // replays checks that q's request ID names a request on all of its buckets
@@ -171,7 +173,7 @@ func (a *Attempt) apply(q *Request, c Charge, ns account.State, ch account.Chang
 	if ch.Reset {
 		a.resets = append(a.resets, c.Row)
 	}
-	if c.Ledger {
+	if c.Policy.Ledger {
 		for _, e := range ch.Entries {
 			a.ledger = append(a.ledger, []any{c.Row.Prefix, c.Row.Key, a.now, e.Amount, e.Kind.String(), q.ID,
 				e.Balance, e.GrantsAmount, e.Granted})

@@ -93,15 +93,16 @@ type Charge struct {
 	Row    Row
 	Policy account.Policy
 	Cost   int64
-	Grants bool // the key's grants are part of its account
 	// Overrides says the key's override, while live, replaces Policy's
 	// Capacity and Refill (Config.Overrides): the locks read it.
 	Overrides bool
-	Ledger    bool          // write ledger entries
-	Retention time.Duration // how long the bucket remembers request IDs
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part
+	// Call is what Part needs of this charge's call beyond the charge (a
+	// lease's ID, and where its outcome goes): one Part value serves the
+	// charges of many calls, so that a batch decides them together.
+	Call any
 	// NoInsert says a coalesced batch need not insert the charge's row: a
 	// missing row defers the request like a row another transaction holds,
 	// and the request runs again waiting for its locks, with the INSERT.
@@ -147,9 +148,18 @@ type Request struct {
 
 	// The outcome, once decided (Outcomes not nil) or failed (Err).
 	Allowed  bool
-	Outcomes []account.Outcome // one per charge
+	Outcomes []Outcome // one per charge
 	Err      error
 	Grant    account.Grant // OpGrant: the grant made
+}
+
+// Outcome is what a request did on one of its charges: the account model's
+// outcome, and what else the model said of it.
+type Outcome struct {
+	account.Outcome
+	// Replayed says the charge was answered from its request ID's record
+	// (account.Change.Replayed): nothing changed.
+	Replayed bool
 }
 
 // Rows returns the request's distinct rows.

@@ -53,7 +53,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 		p.grants = p.grants || q.Kind == account.OpGrant
 		for _, c := range q.Charges {
 			p.rows = append(p.rows, c.Row)
-			p.spendsGrants = p.spendsGrants || c.Grants
+			p.spendsGrants = p.spendsGrants || c.Policy.Grants
 			p.readsData = p.readsData || c.Part != nil
 			p.readsOverrides = p.readsOverrides || c.Overrides
 			noInsert = noInsert || c.NoInsert
@@ -118,6 +118,7 @@ type Attempt struct {
 	resets  []Row          // rows to delete
 	locals  map[any]any    // the parts' and observers' state (Local)
 	data    map[Row]string // the rows' leases column, when not NULL (Data)
+	notes   [][]any        // notifications (channel, payload), in order (Notify)
 	// overrides are the rows' overrides as read (readsOverrides), and
 	// overrideWrites the rows whose override an OpPlan request sets or
 	// clears, in order.
@@ -349,7 +350,8 @@ func (a *Attempt) decideAll(ex Executor) (deferred []*Request, err error) {
 
 // close returns the statements that end a: the UPDATE of the rows that
 // changed, the grants, request records and ledger rows its decisions wrote,
-// the rows they reset, and COMMIT in an own transaction.
+// the rows they reset, the parts' and observers' writes, the notifications,
+// and COMMIT in an own transaction.
 func (a *Attempt) close() []Stmt {
 	var stmts []Stmt
 	var changed []Row
@@ -395,6 +397,13 @@ func (a *Attempt) close() []Stmt {
 		}
 		stmts = append(stmts, Stmt{SQL: sqlgen.Overrides.Set, Args: []any{w.row.Prefix, w.row.Key, w.o.Capacity, w.o.Refill,
 			until, w.o.Note, a.now.UTC().Format(time.RFC3339Nano)}})
+	}
+	if len(a.notes) > 0 {
+		sql := sqlgen.Notify
+		if a.own {
+			sql = sqlgen.NotifyUnbounded
+		}
+		stmts = append(stmts, a.shape.Values(sql, a.notes, nil)...)
 	}
 	if a.own {
 		stmts = append(stmts, Stmt{SQL: "COMMIT"})
