@@ -167,7 +167,7 @@ func newPolicyNote(cfg Config) *policyNote {
 // policy.
 func (l *Limiter) notePolicy(ctx context.Context) {
 	n := l.note
-	if n == nil || n.done.Load() || !n.done.CompareAndSwap(false, true) {
+	if n == nil || l.client.noRecord || n.done.Load() || !n.done.CompareAndSwap(false, true) {
 		return
 	}
 	if l.client.notedPolicy(n.args) {
