@@ -16,8 +16,8 @@ import (
 // changed at run time, and the policies limiters run, recorded for tools
 // (package admin reads them). See docs/overrides.md.
 
-// MaxOverrideNote is the longest Override.Note, in bytes.
-const MaxOverrideNote = 1024
+// maxOverrideNote is the longest Override.Note, in bytes.
+const maxOverrideNote = 1024
 
 // Override replaces a key's Capacity and Refill (Config.Overrides): for
 // one customer's bigger plan, a trial, a temporary block. The limiter's
@@ -28,7 +28,7 @@ type Override struct {
 	// Until is when the override ends, by the checks' clock: from then on
 	// the limiter's policy applies again. The zero time: no end.
 	Until time.Time
-	// Note says why, for operators (at most MaxOverrideNote bytes).
+	// Note says why, for operators (at most 1024 bytes).
 	Note string
 }
 
@@ -41,7 +41,7 @@ type Override struct {
 // instance, until o.Until. It returns key's bucket as Peek reports it
 // afterwards. The limiter must have Config.Overrides, and o valid
 // (Capacity and Refill >= 1, Until zero or after the limiter's clock, Note
-// at most MaxOverrideNote bytes of UTF-8 without NUL): else
+// at most 1024 bytes of UTF-8 without NUL): else
 // ErrInvalidArgument.
 func (l *Limiter) SetOverride(ctx context.Context, key string, o Override) (Result, error) {
 	if err := l.checkOverride(key, &o); err != nil {
@@ -89,8 +89,8 @@ func (l *Limiter) checkOverride(key string, o *Override) error {
 		return badArg(ErrInvalidArgument, "override Capacity %d is below 1", o.Capacity)
 	case o.Refill < 1:
 		return badArg(ErrInvalidArgument, "override Refill %d is below 1", o.Refill)
-	case len(o.Note) > MaxOverrideNote:
-		return badArg(ErrInvalidArgument, "override Note is %d bytes, longer than %d", len(o.Note), MaxOverrideNote)
+	case len(o.Note) > maxOverrideNote:
+		return badArg(ErrInvalidArgument, "override Note is %d bytes, longer than %d", len(o.Note), maxOverrideNote)
 	case !utf8.ValidString(o.Note) || strings.IndexByte(o.Note, 0) >= 0:
 		return badArg(ErrInvalidArgument, "override Note is not UTF-8 text without NUL")
 	case o.Until.After(account.MaxTime):

@@ -66,7 +66,7 @@ func TestOverrideArguments(t *testing.T) {
 		"until now":       {Capacity: 1, Refill: 1, Until: clock.Now()},
 		"until past":      {Capacity: 1, Refill: 1, Until: clock.Now().Add(-time.Hour)},
 		"until year 10k":  {Capacity: 1, Refill: 1, Until: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
-		"note too long":   {Capacity: 1, Refill: 1, Note: strings.Repeat("x", MaxOverrideNote+1)},
+		"note too long":   {Capacity: 1, Refill: 1, Note: strings.Repeat("x", maxOverrideNote+1)},
 		"note not UTF-8":  {Capacity: 1, Refill: 1, Note: "\xff"},
 		"note with a NUL": {Capacity: 1, Refill: 1, Note: "a\x00b"},
 	} {
@@ -81,7 +81,7 @@ func TestOverrideArguments(t *testing.T) {
 		t.Errorf("empty key: %v", err)
 	}
 	// The longest note is fine, and nothing above was written.
-	r, err := on.SetOverride(ctx, "k", Override{Capacity: 3, Refill: 1, Note: strings.Repeat("x", MaxOverrideNote)})
+	r, err := on.SetOverride(ctx, "k", Override{Capacity: 3, Refill: 1, Note: strings.Repeat("x", maxOverrideNote)})
 	mustResult(t, r, err, 3, 3)
 }
 

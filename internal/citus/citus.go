@@ -52,9 +52,9 @@ func (Coordinator) OneRowBatches() bool { return true }
 type coordinatorRow struct{ engine.OneRow }
 
 // Lock locks each row, then reads its grants when a spends them, for the
-// rows it holds, and its override when a reads them (a statement of its
-// own after the lock, so with a snapshot taken after it: a key with no
-// bucket row of a's holds no override a's decisions use).
+// rows it holds, and its override when a reads overrides (a statement of
+// its own after the lock, so read with a snapshot taken after the lock; a
+// row a skipped defers its requests, whatever was read of its override).
 func (coordinatorRow) Lock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
 	ts := a.Table(&s.Statements().Citus)
 	sql := ts.Lock
