@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +31,13 @@ type ClientConfig struct {
 	// with the pool's own settings (host and port replaced), so that the
 	// coordinator does no work for it; see the README's "Citus".
 	DisableRouting bool
+
+	// DisablePolicyRecord stops the client's limiters recording their
+	// policies in pgratelimit_policies (see docs/overrides.md): for tools
+	// that look at an application's keys under its policy, such as the
+	// CLI, and must not show up as one of its instances. Defaults to
+	// false: each limiter records its policy at its first operation.
+	DisablePolicyRecord bool
 }
 
 // Client is what the limiters of one pool share: the coalescer that decides
@@ -52,10 +60,11 @@ type Client struct {
 	gate  gate
 	slots int // batches in flight per pool (ClientConfig.CoalesceConns)
 
-	routing bool                         // route checks to Citus nodes
-	route   atomic.Pointer[citus.Router] // set once the dialect is Citus, if routing
-	nodesMu sync.Mutex
-	nodes   map[*citus.Node]*coalesce.Coalescer // the coalescers of the nodes routed to
+	routing  bool                         // route checks to Citus nodes
+	noRecord bool                         // ClientConfig.DisablePolicyRecord
+	route    atomic.Pointer[citus.Router] // set once the dialect is Citus, if routing
+	nodesMu  sync.Mutex
+	nodes    map[*citus.Node]*coalesce.Coalescer // the coalescers of the nodes routed to
 
 	dia       atomic.Pointer[engine.Dialect] // nil until known
 	detecting sync.Mutex                     // one detection at a time
@@ -64,6 +73,17 @@ type Client struct {
 	// refund, reset or grant through any of them clears the key's entries.
 	denyMu     sync.RWMutex
 	denyCaches map[string][]*denyCache
+
+	// The policies the client's limiters have recorded (their Record
+	// arguments, as one string): each once.
+	policies sync.Map
+}
+
+// notedPolicy says whether a limiter of c has recorded the policy of args
+// already, and notes that it has.
+func (c *Client) notedPolicy(args []any) bool {
+	_, seen := c.policies.LoadOrStore(fmt.Sprint(args...), true)
+	return seen
 }
 
 // defaultCoalesceConns is ClientConfig.CoalesceConns's default.
@@ -85,6 +105,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
+	c.noRecord = cfg.DisablePolicyRecord
 	d, err := citus.Detect(ctx, c.pool)
 	if err != nil {
 		return nil, err

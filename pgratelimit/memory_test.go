@@ -146,6 +146,9 @@ func TestMemoryRefuses(t *testing.T) {
 	if _, err := c.NewLimiter(Config{Prefix: "a", Capacity: 2, Refill: 1, Interval: time.Second, Alerts: Alerts{Exhausted: true}}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("Alerts: %v", err)
 	}
+	if _, err := c.NewLimiter(Config{Prefix: "o", Capacity: 2, Refill: 1, Interval: time.Second, Overrides: true}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Overrides: %v", err)
+	}
 	other, err := NewMemoryClient().NewLimiter(Config{Prefix: "q", Capacity: 2, Refill: 1, Interval: time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,10 @@ type instruments struct {
 	// seen is batchSize as a func value, made once (a method value
 	// allocates at each use).
 	seen func(ctx context.Context, n int)
+	// overridesSet and overridesCleared count SetOverride and
+	// ClearOverride, by prefix (prefixAttr).
+	overridesSet, overridesCleared metric.Int64Counter
+	prefixAttr                     []metric.AddOption
 }
 
 type outcome struct {
@@ -77,6 +81,11 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 	}
 	in.plain, in.shadow = sets(), sets(attribute.Bool("pgratelimit.shadow", true))
 	in.seen = in.batchSize
+	in.overridesSet, _ = m.Int64Counter("pgratelimit.overrides.set", metric.WithUnit("{override}"),
+		metric.WithDescription("Overrides set (SetOverride), by limiter prefix."))
+	in.overridesCleared, _ = m.Int64Counter("pgratelimit.overrides.cleared", metric.WithUnit("{override}"),
+		metric.WithDescription("Overrides cleared (ClearOverride), by limiter prefix."))
+	in.prefixAttr = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("pgratelimit.prefix", prefix)))}
 	return in
 }
 

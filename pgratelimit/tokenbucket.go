@@ -183,6 +183,16 @@ type Config struct {
 	// to none.
 	Alerts Alerts
 
+	// Overrides makes the limiter's checks read each key's override
+	// (SetOverride), in the statement that locks the key's bucket row (no
+	// extra round trip): while it lasts, it replaces Capacity and Refill
+	// for that key, on every instance at once. Limiters on one Prefix share
+	// the overrides of its keys, but only those with Overrides read them.
+	// Defaults to false: the checks send the statements they sent before
+	// overrides existed, and SetOverride and ClearOverride are
+	// ErrInvalidArgument. See docs/overrides.md.
+	Overrides bool
+
 	// MeterProvider receives the limiter's OpenTelemetry metrics (see
 	// README, Metrics): pgratelimit.checks, pgratelimit.check.duration and
 	// pgratelimit.batch.size. Defaults to otel.GetMeterProvider(), which
@@ -310,6 +320,7 @@ type Limiter struct {
 	deny    *denyCache    // nil: off (Config.DenyCacheSize)
 	metrics *instruments
 	alerts  *alert.Observer // nil: no Config.Alerts
+	note    *policyNote     // records the policy at the first operation
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -335,12 +346,16 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	if c.mem != nil && !cfg.Alerts.thresholds().Empty() {
 		return nil, configError("Config.Alerts", "need a database: a limiter of NewMemoryClient writes no events")
 	}
+	if c.mem != nil && cfg.Overrides {
+		return nil, configError("Config.Overrides", "need a database: a limiter of NewMemoryClient reads no overrides")
+	}
 	l := &Limiter{
 		client:  c,
 		cfg:     cfg,
 		p:       cfg.policy(),
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 		alerts:  newAlertObserver(cfg),
+		note:    newPolicyNote(cfg),
 	}
 	if cfg.Clock != nil {
 		l.clock = &engine.Clock{Now: cfg.Clock}
@@ -456,7 +471,8 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 	return l.change(ctx, account.OpRefund, key, n, "refund "+quoteKey(key))
 }
 
-// Peek reports key's bucket as it is now without taking or writing anything.
+// Peek reports key's bucket as it is now without taking or writing anything
+// (with Config.Overrides, under the key's override while it lasts).
 // Remaining is the tokens it holds (negative while the key owes), Granted
 // the credits of the key's live grants (Config.Grants), Allowed whether a
 // check of cost 1 would be allowed (the balance, tokens plus grants, covers
@@ -466,13 +482,15 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}
+	ov, policy := l.peekOverride(key)
+	l.notePolicy(ctx)
 	st, now, err := l.load(ctx, key, "peek "+quoteKey(key), func(st *account.State, now *time.Time) []engine.Stmt {
-		return engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, st, now)
+		return append(engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, st, now), ov...)
 	})
 	if err != nil {
 		return Result{}, err
 	}
-	return resultOf(account.Look(l.p, st, now, 1)), nil
+	return resultOf(account.Look(policy(now), st, now, 1)), nil
 }
 
 // Reset makes key's bucket full again by deleting its row (its refills keep
@@ -492,7 +510,7 @@ func (l *Limiter) row(key string) engine.Row {
 
 // charge is a charge of cost to key's bucket, with l's policy and settings.
 func (l *Limiter) charge(key string, cost int64) engine.Charge {
-	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost}
+	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Overrides: l.cfg.Overrides}
 	if l.alerts != nil {
 		c.Observer = l.alerts
 	}

@@ -120,6 +120,7 @@ func (c *Client) read(ctx context.Context, tx *Tx, what string, stmts ...engine.
 // run runs q as l's operation: in l's transaction (In), else in one of the
 // client's, coalesced when coalesce. seen is told a coalesced batch's size.
 func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, what string) error {
+	l.notePolicy(q.Ctx)
 	if l.tx != nil {
 		return l.client.runIn(q.Ctx, l.tx, q, set, what)
 	}
