@@ -162,9 +162,10 @@ func newPolicyNote(cfg Config) *policyNote {
 
 // notePolicy records l's policy at its first operation in this process:
 // one statement on the pool (also for a limiter in the caller's
-// transaction, whose failure it must not cause). A failure (a schema
-// without migration 00010) is not the operation's: tools then show no
-// policy.
+// transaction, whose failure it must not cause), bounded by the
+// operation's context (a check's deadline, a middleware's CheckTimeout,
+// bounds it too). A failure (a schema without migration 00010, a context
+// that ended) is not the operation's: tools then show no policy.
 func (l *Limiter) notePolicy(ctx context.Context) {
 	n := l.note
 	if n == nil || l.client.noRecord || l.client.mem != nil || n.done.Load() || !n.done.CompareAndSwap(false, true) {
@@ -173,5 +174,5 @@ func (l *Limiter) notePolicy(ctx context.Context) {
 	if l.client.notedPolicy(n.args) {
 		return
 	}
-	_, _ = l.client.pool.Exec(context.WithoutCancel(ctx), sqlgen.Policies.Record, n.args...)
+	_, _ = l.client.pool.Exec(ctx, sqlgen.Policies.Record, n.args...)
 }
