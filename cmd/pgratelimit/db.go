@@ -31,6 +31,9 @@ func (f *flags) withTimeout(ctx context.Context) (context.Context, context.Cance
 	if f.timeout <= 0 {
 		return ctx, func() {}
 	}
+	if f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut) {
+		return f.dbctx, func() {} // the command's --timeout has passed: what is left gives up too
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout+f.grace, errTimedOut)
 	f.dbctx = ctx
 	return ctx, cancel
