@@ -39,6 +39,10 @@ var allowed = map[string][]string{
 	// beside it and uses its errors.
 	"pgratelimit":        {"internal/*"},
 	"pgratelimit/events": {"pgratelimit", "internal/*"},
+	// Above them: the operator's reads (admin) and the operator UI, which
+	// acts through the API; nothing of the library imports them.
+	"pgratelimit/admin": {"pgratelimit", "internal/*"},
+	"pgratelimit/ui":    {"pgratelimit", "pgratelimit/admin", "pgratelimit/events", "internal/*"},
 }
 
 // imports lists, for the packages that import the root API, the packages

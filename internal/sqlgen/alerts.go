@@ -66,6 +66,10 @@ type EventStatements struct {
 	After string
 	// Listen listens for the notifications of EventsChannel.
 	Listen string
+	// Redeliver makes event $1 undelivered and due now, with no attempts
+	// counted (its last error stays), and notifies channel $2 of its
+	// prefix: a row if the event exists.
+	Redeliver string
 }
 
 // eventColumns are the columns an Event is read from.
@@ -91,5 +95,10 @@ WHERE id = $1`,
 		Newest: list + `DESC LIMIT $5`,
 		After:  list + `LIMIT $5`,
 		Listen: `LISTEN ` + pgx.Identifier{EventsChannel}.Sanitize(),
+		Redeliver: `WITH e AS (
+    UPDATE ` + ev + ` SET delivered_at = NULL, attempts = 0, next_attempt_at = clock_timestamp()
+    WHERE id = $1 RETURNING prefix
+)
+SELECT pg_notify($2, prefix) FROM e`,
 	}
 }()
