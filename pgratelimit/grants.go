@@ -96,7 +96,7 @@ func (l *Limiter) Grants(ctx context.Context, key string) ([]Grant, error) {
 		st  account.State
 		now time.Time
 	)
-	if err := l.read(ctx, "list the grants of "+quoteKey(key), engine.ReadGrants(l.row(key), l.clock.Param(), &st, &now)); err != nil {
+	if err := l.client.read(ctx, l.tx, "list the grants of "+quoteKey(key), engine.ReadGrants(l.row(key), l.clock.Param(), &st, &now)...); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(st.Grants, account.CompareGrants)

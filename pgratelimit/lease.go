@@ -319,9 +319,7 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 		ls  []lease.Lease
 		now time.Time
 	)
-	list := engine.Stmt{SQL: lease.StatementsOf(s.storage()).List, Args: []any{s.cfg.Prefix, key, s.clock.Param()},
-		Scan: func(rs engine.RowScanner) error { return scanLeaseList(rs, &ls, &now) }}
-	if err := s.read(ctx, "list the leases of "+quoteKey(key), list); err != nil {
+	if err := s.client.read(ctx, s.tx, "list the leases of "+quoteKey(key), lease.ReadList(s.row(key), s.clock.Param(), &ls, &now)); err != nil {
 		return nil, err
 	}
 	live := lease.Live(ls, now)
@@ -331,23 +329,6 @@ func (s *Semaphore) Leases(ctx context.Context, key string) ([]Lease, error) {
 		out = append(out, leaseOf(key, l))
 	}
 	return out, nil
-}
-
-func scanLeaseList(rs engine.RowScanner, ls *[]lease.Lease, now *time.Time) error {
-	for rs.Next() {
-		var col *string
-		if err := rs.Scan(&col, now); err != nil {
-			return err
-		}
-		if col != nil {
-			got, err := lease.Decode(*col)
-			if err != nil {
-				return err
-			}
-			*ls = append(*ls, got...)
-		}
-	}
-	return rs.Err()
 }
 
 // validate checks a key and a weight before any database access.
@@ -390,8 +371,9 @@ func (s *Semaphore) decided(key string, call *lease.Call) {
 
 // request is a request of one operation of kind on key, with call.
 func (s *Semaphore) request(ctx context.Context, call *lease.Call, kind lease.Kind, key string, weight int64) *engine.Request {
-	return &engine.Request{Ctx: lease.WithCall(ctx, call), Kind: account.OpCharge,
-		Charges: []engine.Charge{s.charge(kind, key, weight)}}
+	c := s.charge(kind, key, weight)
+	c.Call = call
+	return &engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: []engine.Charge{c}}
 }
 
 // settings are what a transaction of s's operations shares with others.

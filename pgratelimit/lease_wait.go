@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/internal/notify"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
@@ -184,78 +184,38 @@ func (k *waker) wakeKey(key string) {
 }
 
 // run listens until no one has waited for listenIdle, or the connection
-// fails (the next waiter then starts a listener again, after listenRetry).
+// fails (the next waiter then starts a listener again, after listenRetry);
+// through a pooler it never listens again.
 func (k *waker) run() {
-	err := k.serve()
+	idleSince := time.Now()
+	err := notify.Listen(context.Background(), k.pool.Config().ConnConfig.Copy(), notify.Listener{
+		Channel: k.channel,
+		Ready: func() {
+			k.mu.Lock()
+			k.listen = true
+			k.mu.Unlock()
+		},
+		Got: k.wakeKey,
+		Idle: func() bool {
+			k.mu.Lock()
+			busy := k.n > 0
+			k.mu.Unlock()
+			if busy {
+				idleSince = time.Now()
+			}
+			return time.Since(idleSince) > listenIdle
+		},
+	})
 	k.mu.Lock()
 	k.running, k.listen = false, false
-	if err != nil && !errors.Is(err, errCannotListen) {
+	switch {
+	case errors.Is(err, notify.ErrPooler):
+		k.never = true
+	case err != nil:
 		k.retryAt = time.Now().Add(listenRetry)
 	}
 	k.mu.Unlock()
 	if err != nil {
 		k.log.Debug("pgratelimit: lease release notifications unavailable; waiters poll", "channel", k.channel, "error", err)
 	}
-}
-
-// errCannotListen: the connection is through a pooler.
-var errCannotListen = errors.New("pgratelimit: connected through a pooler: LISTEN would not be delivered")
-
-// serve connects, listens and wakes waiters until idle.
-func (k *waker) serve() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	conn, err := pgx.ConnectConfig(ctx, k.pool.Config().ConnConfig.Copy())
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	if err := k.subscribe(conn); err != nil {
-		return err
-	}
-	idleSince := time.Now()
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		n, err := conn.WaitForNotification(ctx)
-		cancel()
-		switch {
-		case err == nil:
-			k.wakeKey(n.Payload)
-			continue
-		case ctx.Err() == nil || conn.IsClosed():
-			return err
-		}
-		k.mu.Lock()
-		busy := k.n > 0
-		k.mu.Unlock()
-		if busy {
-			idleSince = time.Now()
-		} else if time.Since(idleSince) > listenIdle {
-			return nil
-		}
-	}
-}
-
-// subscribe LISTENs on conn, unless it goes through a pooler (the backend
-// that answers is not the one conn was opened with).
-func (k *waker) subscribe(conn *pgx.Conn) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var pid uint32
-	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		return err
-	}
-	if pid != conn.PgConn().PID() {
-		k.mu.Lock()
-		k.never = true
-		k.mu.Unlock()
-		return errCannotListen
-	}
-	if _, err := conn.Exec(ctx, sqlgen.Listen(k.channel)); err != nil {
-		return err
-	}
-	k.mu.Lock()
-	k.listen = true
-	k.mu.Unlock()
-	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/engine"
-	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
 )
@@ -103,19 +102,13 @@ func (l *Limiter) Ledger(ctx context.Context, key string, since time.Time) ([]Le
 	if err := validateKey(key); err != nil {
 		return nil, err
 	}
-	var es []LedgerEntry
-	list := engine.Stmt{SQL: sqlgen.Ledger.List, Args: []any{l.cfg.Prefix, key, since.UTC().Format(time.RFC3339Nano)}, Scan: func(rs engine.RowScanner) error {
-		for rs.Next() {
-			var e LedgerEntry
-			if err := rs.Scan(&e.ID, &e.At, &e.Amount, &e.Kind, &e.RequestID, &e.Balance, &e.GrantsAmount, &e.Granted); err != nil {
-				return err
-			}
-			es = append(es, e)
-		}
-		return rs.Err()
-	}}
-	if err := l.read(ctx, "read the ledger of "+quoteKey(key), []engine.Stmt{list}); err != nil {
+	var rows []engine.LedgerRow
+	if err := l.client.read(ctx, l.tx, "read the ledger of "+quoteKey(key), engine.ReadLedger(l.row(key), since, &rows)); err != nil {
 		return nil, err
+	}
+	es := make([]LedgerEntry, len(rows))
+	for i, r := range rows {
+		es[i] = LedgerEntry(r)
 	}
 	return es, nil
 }

@@ -447,28 +447,10 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		st  account.State
 		now time.Time
 	)
-	if err := l.read(ctx, "peek "+quoteKey(key), engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now)); err != nil {
+	if err := l.client.read(ctx, l.tx, "peek "+quoteKey(key), engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now)...); err != nil {
 		return Result{}, err
 	}
 	return resultOf(account.Look(l.p, st, now, 1)), nil
-}
-
-// read runs reads of l's: in l's transaction (In), else on the pool.
-func (l *Limiter) read(ctx context.Context, what string, stmts []engine.Stmt) error {
-	ex := engine.Executor(engine.PgxExecutor{Q: l.client.pool})
-	if l.tx != nil {
-		if ex = l.tx.ex; ex == nil {
-			return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
-		}
-	}
-	if !l.client.gate.enter() {
-		return ErrClosed
-	}
-	defer l.client.gate.leave()
-	if err := ex.Pipeline(ctx, stmts); err != nil {
-		return engine.DBError(what, err)
-	}
-	return nil
 }
 
 // Reset makes key's bucket full again by deleting its row (its refills keep

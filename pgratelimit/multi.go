@@ -223,7 +223,7 @@ func (cl call) run(charges []Charge, tx *Tx) error {
 	set, co := settingsOf(charges), coalesces(charges)
 	client, _ := charges[0].owner()
 	if tx != nil {
-		return runInTx(client, cl.q.Ctx, tx.ex, cl.q, set, "check")
+		return client.runIn(cl.q.Ctx, tx, cl.q, set, "check")
 	}
 	var seen func(context.Context, int)
 	if l := charges[0].lim; l != nil {
@@ -358,9 +358,9 @@ func (cl *call) addLease(i int, c Charge, first Charge) error {
 			id = rand.Text()
 		}
 		cl.lease = &lease.Call{ID: id}
-		cl.q.Ctx = lease.WithCall(cl.q.Ctx, cl.lease)
 	}
 	q, ch := cl.q, s.charge(lease.Acquire, c.key, 0)
+	ch.Call = cl.lease
 	j := slices.IndexFunc(q.Charges, func(o engine.Charge) bool { return o.Row == ch.Row })
 	switch {
 	case j < 0:

@@ -97,7 +97,7 @@ func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (Req
 		now   time.Time
 	)
 	what := "look up request " + strconv.Quote(requestID) + " of " + quoteKey(key)
-	if err := l.read(ctx, what, engine.ReadRecord(l.row(key), requestID, l.clock.Param(), l.p.Capacity, &rec, &found, &now)); err != nil {
+	if err := l.client.read(ctx, l.tx, what, engine.ReadRecord(l.row(key), requestID, l.clock.Param(), l.p.Capacity, &rec, &found, &now)...); err != nil {
 		return RequestRecord{}, err
 	}
 	if !found || !rec.Live(now) {

@@ -70,32 +70,50 @@ func (tx Tx) AllowAll(ctx context.Context, charges ...Charge) (MultiResult, erro
 	return allowAll(ctx, &tx, charges)
 }
 
-// runIn runs q in the caller's transaction on ex with the settings set:
-// its isolation, its lock_timeout, one row per statement whatever the
-// dialect. what names it in errors.
-func (l *Limiter) runIn(ctx context.Context, ex engine.Executor, q *engine.Request, set engine.Settings, what string) error {
-	if ex == nil {
+// runIn runs q in the caller's transaction tx through c: tx's isolation and
+// lock_timeout, one row per statement whatever the dialect (Citus takes
+// them too). what names it in errors.
+func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engine.Settings, what string) error {
+	if tx.ex == nil {
 		return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 	}
-	if !l.client.gate.enter() {
+	if !c.gate.enter() {
 		return ErrClosed
 	}
-	defer l.client.gate.leave()
-	set.Dialect = engine.Postgres{} // one row per statement, as Citus takes them too
-	if known := l.client.dia.Load(); known != nil {
+	defer c.gate.leave()
+	set.Dialect = engine.Postgres{}
+	if known := c.dia.Load(); known != nil {
 		set.Dialect = *known
 	}
-	if err := engine.RunIn(ctx, ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
+	if err := engine.RunIn(ctx, tx.ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
 		return engine.DBError(what+" in transaction", err)
 	}
 	return q.Result()
+}
+
+// read runs reads in the caller's transaction tx, else (nil) on c's pool.
+func (c *Client) read(ctx context.Context, tx *Tx, what string, stmts ...engine.Stmt) error {
+	ex := engine.Executor(engine.PgxExecutor{Q: c.pool})
+	if tx != nil {
+		if ex = tx.ex; ex == nil {
+			return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
+		}
+	}
+	if !c.gate.enter() {
+		return ErrClosed
+	}
+	defer c.gate.leave()
+	if err := ex.Pipeline(ctx, stmts); err != nil {
+		return engine.DBError(what, err)
+	}
+	return nil
 }
 
 // run runs q as l's operation: in l's transaction (In), else in one of the
 // client's, coalesced when coalesce. seen is told a coalesced batch's size.
 func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, what string) error {
 	if l.tx != nil {
-		return l.runIn(q.Ctx, l.tx.ex, q, set, what)
+		return l.client.runIn(q.Ctx, l.tx, q, set, what)
 	}
 	return l.client.run(q, set, l.metrics.seen, coalesce, what)
 }

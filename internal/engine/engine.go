@@ -99,6 +99,10 @@ type Charge struct {
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part
+	// Call is what Part needs of this charge's call beyond the charge (a
+	// lease's ID, and where its outcome goes): one Part value serves the
+	// charges of many calls, so that a batch decides them together.
+	Call any
 	// NoInsert says a coalesced batch need not insert the charge's row: a
 	// missing row defers the request like a row another transaction holds,
 	// and the request runs again waiting for its locks, with the INSERT.

@@ -96,3 +96,31 @@ func ReadRecord(r Row, id string, clock any, capacity int64, rec *account.Record
 		}},
 	}
 }
+
+// LedgerRow is a row of the ledger, as the API's LedgerEntry has it (same
+// fields, same order: the API converts it).
+type LedgerRow struct {
+	ID           int64
+	At           time.Time
+	Amount       int64
+	GrantsAmount int64
+	Kind         string
+	RequestID    string
+	Balance      int64
+	Granted      int64
+}
+
+// ReadLedger reads r's ledger rows since since (all of them for the zero
+// time), oldest first, into es.
+func ReadLedger(r Row, since time.Time, es *[]LedgerRow) Stmt {
+	return Stmt{SQL: sqlgen.Ledger.List, Args: []any{r.Prefix, r.Key, since.UTC().Format(time.RFC3339Nano)}, Scan: func(rs RowScanner) error {
+		for rs.Next() {
+			var e LedgerRow
+			if err := rs.Scan(&e.ID, &e.At, &e.Amount, &e.Kind, &e.RequestID, &e.Balance, &e.GrantsAmount, &e.Granted); err != nil {
+				return err
+			}
+			*es = append(*es, e)
+		}
+		return rs.Err()
+	}}
+}

@@ -31,6 +31,7 @@ var allowed = map[string][]string{
 	"internal/cleanup":  {"internal/citus", "internal/engine", "internal/account", "internal/sqlgen"},
 	"internal/lease":    {"internal/engine", "internal/account", "internal/sqlgen"},
 	"internal/alert":    {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/notify":   {"internal/sqlgen"},
 	// Above the root API (see imports): whatever the root imports.
 	"internal/middleware":                {"pgratelimit", "internal/*", "migrations"},
 	"internal/middleware/middlewaretest": {"pgratelimit", "internal/*", "migrations"},

@@ -1,15 +1,13 @@
 package lease
 
 import (
-	"context"
-
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
 // Call is what one request's lease operations need beyond their charges
 // (the operation's kind and limit are its Part's, the weight its charge's
-// Cost), and where the Part puts their outcomes. It travels in the
-// request's context (WithCall), so that one Part value serves the
+// Cost), and where the Part puts their outcomes. It travels on each of the
+// call's charges (engine.Charge.Call), so that one Part value serves the
 // operations of every request of a kind and limit, and a batch reads and
 // writes their leases in a few statements over arrays.
 //
@@ -27,18 +25,10 @@ type result struct {
 	out Outcome
 }
 
-type callKey struct{}
-
-// WithCall returns a copy of ctx that carries c, for the context of a
-// request with lease charges.
-func WithCall(ctx context.Context, c *Call) context.Context {
-	return context.WithValue(ctx, callKey{}, c)
-}
-
-// callOf is the Call of q, or nil.
-func callOf(q *engine.Request) *Call {
-	c, _ := q.Ctx.Value(callKey{}).(*Call)
-	return c
+// callOf is the Call of charge c, or nil.
+func callOf(c engine.Charge) *Call {
+	call, _ := c.Call.(*Call)
+	return call
 }
 
 // Outcome is the outcome of the lease operation on row r, as last decided

@@ -97,7 +97,7 @@ func (st *state) scanTokens(rs engine.RowScanner) error {
 // far; it changes nothing. Its outcome, or the lease an error found, goes to
 // q's Call.
 func (p Part) Decide(a *engine.Attempt, q *engine.Request, c engine.Charge) (account.Outcome, error) {
-	st, call := stateOf(a), callOf(q)
+	st, call := stateOf(a), callOf(c)
 	switch {
 	case call == nil:
 		return account.Outcome{}, errors.New("pgratelimit: a lease operation without its call") // a bug of ours
@@ -122,7 +122,7 @@ func (p Part) Decide(a *engine.Attempt, q *engine.Request, c engine.Charge) (acc
 // Take applies c, decided and allowed with the rest of q, to its key's
 // leases: a new lease gets the next fencing token.
 func (p Part) Take(a *engine.Attempt, q *engine.Request, c engine.Charge) {
-	st, call := stateOf(a), callOf(q)
+	st, call := stateOf(a), callOf(c)
 	ks, now := st.keys[c.Row], a.Now() // Decide made it
 	op := p.op(call, c)
 	if p.Kind == Acquire {
@@ -156,4 +156,26 @@ func full(lim Limit, ls []Lease, now time.Time) bool {
 
 func (p Part) op(call *Call, c engine.Charge) Op {
 	return Op{Kind: p.Kind, ID: call.ID, Weight: c.Cost}
+}
+
+// ReadList reads the leases of row r's column (expired ones too: see Live)
+// into ls, and the check's clock (clock, a Clock's Param, or the
+// database's) into now.
+func ReadList(r engine.Row, clock any, ls *[]Lease, now *time.Time) engine.Stmt {
+	return engine.Stmt{SQL: StatementsOf(r.Storage).List, Args: []any{r.Prefix, r.Key, clock}, Scan: func(rs engine.RowScanner) error {
+		for rs.Next() {
+			var col *string
+			if err := rs.Scan(&col, now); err != nil {
+				return err
+			}
+			if col != nil {
+				got, err := Decode(*col)
+				if err != nil {
+					return err
+				}
+				*ls = append(*ls, got...)
+			}
+		}
+		return rs.Err()
+	}}
 }

@@ -70,9 +70,14 @@ func LeaseChannel(prefix string) string {
 	return "pgratelimit_leases_" + strconv.FormatUint(h.Sum64(), 16)
 }
 
-// Listen is the statement that listens on channel c (LeaseChannel's, a
-// plain identifier).
+// Listen is the statement that listens on channel c (LeaseChannel's, or
+// EventsChannel).
 func Listen(c string) string { return `LISTEN ` + pgx.Identifier{c}.Sanitize() }
+
+// BackendPID reads the process ID of the backend that answers: on a
+// connection through a pooler it is not the one the connection was opened
+// with.
+const BackendPID = `SELECT pg_backend_pid()`
 
 // quoteLiteral quotes s, one of our own names, as a string literal.
 func quoteLiteral(s string) string { return `'` + s + `'` }

@@ -3,8 +3,6 @@ package events
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
+	"github.com/pgratelimit/pgratelimit/internal/notify"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"go.opentelemetry.io/otel"
@@ -75,8 +74,8 @@ type ConsumerConfig struct {
 	// events: a direct connection to PostgreSQL (or PgBouncer in session
 	// mode), since LISTEN does not work through PgBouncer in
 	// transaction mode. Defaults to the pool's connection settings; when
-	// notifications do not arrive there (a probe at each connection says
-	// so), the consumer polls every PollInterval.
+	// that connection goes through a pooler (its backend is not the one it
+	// opened), the consumer polls every PollInterval.
 	ListenConfig *pgx.ConnConfig
 
 	// DisableListen makes the consumer poll only. Defaults to false.
@@ -341,18 +340,26 @@ func errorText(err error) string {
 	return s
 }
 
-// listenLoop listens for notifications of EventsChannel, waking the
+// listenLoop listens for notifications of new events, waking the
 // consumer, until ctx ends; a lost connection is made again after a
-// growing pause. If notifications do not arrive on it (through PgBouncer in
+// growing pause. If notifications cannot arrive on it (through PgBouncer in
 // transaction mode), it stops: the consumer polls.
 func (c *Consumer) listenLoop(ctx context.Context, wake chan<- struct{}) {
 	pause := time.Second
 	for ctx.Err() == nil {
-		works, err := c.listenOn(ctx, wake)
+		err := notify.Listen(ctx, c.listen, notify.Listener{
+			Channel: sqlgen.EventsChannel,
+			Ready:   func() { wakeUp(wake) }, // events written while the connection was being made
+			Got: func(prefix string) {
+				if len(c.cfg.Prefixes) == 0 || slices.Contains(c.cfg.Prefixes, prefix) {
+					wakeUp(wake)
+				}
+			},
+		})
 		switch {
 		case ctx.Err() != nil:
 			return
-		case !works:
+		case errors.Is(err, notify.ErrPooler):
 			c.log.WarnContext(ctx, "pgratelimit: notifications do not arrive on the listening connection "+
 				"(PgBouncer in transaction mode? set ConsumerConfig.ListenConfig to a direct connection); polling every "+
 				c.cfg.PollInterval.String())
@@ -368,53 +375,8 @@ func (c *Consumer) listenLoop(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-// probeWait is how long the listener waits for its probe: a notification
-// arrives in milliseconds where notifications work at all.
-const probeWait = 2 * time.Second
-
-// listenOn listens on a new connection until it fails (err) or ctx ends;
-// works is false when a probe sent through the pool did not arrive.
-func (c *Consumer) listenOn(ctx context.Context, wake chan<- struct{}) (works bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, c.listen)
-	if err != nil {
-		return true, err
-	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	if _, err := conn.Exec(ctx, sqlgen.Events.Listen); err != nil {
-		return true, err
-	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	probe := "\x01probe " + hex.EncodeToString(b[:])
-	if _, err := c.pool.Exec(ctx, sqlgen.Alerts.Notify, sqlgen.EventsChannel, probe); err != nil {
-		return true, err
-	}
-	pctx, cancel := context.WithTimeout(ctx, probeWait)
-	defer cancel()
-	for {
-		n, err := conn.WaitForNotification(pctx)
-		if err != nil && pctx.Err() != nil && ctx.Err() == nil {
-			return false, nil
-		} else if err != nil {
-			return true, err
-		}
-		if n.Payload == probe {
-			break
-		}
-	}
-	notify(wake) // events written while the connection was being made
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return true, err
-		}
-		if len(c.cfg.Prefixes) == 0 || slices.Contains(c.cfg.Prefixes, n.Payload) {
-			notify(wake)
-		}
-	}
-}
-
-func notify(wake chan<- struct{}) {
+// wakeUp wakes the consumer, unless a wake-up is pending already.
+func wakeUp(wake chan<- struct{}) {
 	select {
 	case wake <- struct{}{}:
 	default:
