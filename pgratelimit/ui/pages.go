@@ -241,16 +241,24 @@ func when(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05Z")
 }
 
-// dur shows a duration to the millisecond: "-" for none, "never" for
-// pgratelimit.InfDuration.
+// dur shows a duration as a person reads it: to the millisecond below a
+// second, to the tenth below a minute, to the second below a day, in days
+// and hours above; "-" for none, "never" for pgratelimit.InfDuration.
 func dur(d time.Duration) string {
 	switch {
 	case d <= 0:
 		return "-"
 	case d == pgratelimit.InfDuration:
 		return "never"
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < 24*time.Hour:
+		return d.Round(time.Second).String()
 	}
-	return d.Round(time.Millisecond).String()
+	h := int64(d.Round(time.Hour) / time.Hour)
+	return fmt.Sprintf("%dd%dh", h/24, h%24)
 }
 
 // atoi64 parses a form's positive integer field.

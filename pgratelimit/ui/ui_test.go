@@ -422,3 +422,12 @@ func TestPrefix(t *testing.T) {
 		t.Errorf("%s: %d\n%s", next, code, page)
 	}
 }
+
+func TestDur(t *testing.T) {
+	for d, want := range map[time.Duration]string{0: "-", pgratelimit.InfDuration: "never", 1500 * time.Microsecond: "2ms",
+		12340 * time.Millisecond: "12.3s", 90*time.Minute + 1234*time.Millisecond: "1h30m1s", 86*time.Hour + 38*time.Minute: "3d15h"} {
+		if got := dur(d); got != want {
+			t.Errorf("dur(%s) = %q, want %q", d, got, want)
+		}
+	}
+}
