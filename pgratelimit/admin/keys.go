@@ -3,7 +3,10 @@ package admin
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
@@ -75,7 +78,7 @@ func Keys(ctx context.Context, pool *pgxpool.Pool, f KeyFilter) ([]Key, error) {
 	if limit == 0 {
 		limit = 100
 	}
-	rows, err := pool.Query(ctx, st.List, f.Prefix, f.Match, f.AfterKey, limit)
+	rows, err := pool.Query(ctx, st.List, f.Prefix, f.Match, f.AfterKey, limit, above(f.Match))
 	if err != nil {
 		return nil, engine.DBError("list keys", err)
 	}
@@ -95,6 +98,25 @@ func Keys(ctx context.Context, pool *pgxpool.Pool, f KeyFilter) ([]Key, error) {
 		return nil, engine.DBError("list keys", err)
 	}
 	return keys, nil
+}
+
+// above returns the least string above every key that starts with m: m
+// with its last code point that has a next one incremented (and those
+// after it dropped), or a string above every key for "" (or m all
+// U+10FFFF). Keys compare bytewise (COLLATE "C"), which in UTF-8 is the
+// order of code points.
+func above(m string) string {
+	rs := []rune(m)
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i] < unicode.MaxRune {
+			rs[i]++
+			if rs[i] == 0xD800 { // (surrogates are no characters)
+				rs[i] = 0xE000
+			}
+			return string(rs[:i+1])
+		}
+	}
+	return strings.Repeat(string(unicode.MaxRune), pgratelimit.MaxKeyLen/utf8.UTFMax+1)
 }
 
 // KeyCounts counts a prefix's stored keys (CountKeys).

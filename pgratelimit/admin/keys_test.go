@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -28,7 +30,7 @@ func TestKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	costs := map[string]int64{"a%1": 1, "a%2": 9, "a_3": 10, "b": 10, "ab": 2}
+	costs := map[string]int64{"a%1": 1, "a%2": 9, "a_3": 10, "b": 10, "ab": 2, "é" + string(unicode.MaxRune): 1, "é\uffff": 1}
 	for k, c := range costs {
 		if _, err := l.AllowN(ctx, k, c); err != nil {
 			t.Fatal(err)
@@ -58,11 +60,13 @@ func TestKeys(t *testing.T) {
 		f    KeyFilter
 		want []string
 	}{
-		{KeyFilter{}, []string{"a%1", "a%2", "a_3", "ab", "b"}},
+		{KeyFilter{}, []string{"a%1", "a%2", "a_3", "ab", "b", "é\uffff", "é" + string(unicode.MaxRune)}},
+		{KeyFilter{Match: "é"}, []string{"é\uffff", "é" + string(unicode.MaxRune)}},
+		{KeyFilter{Match: "é\uffff"}, []string{"é\uffff"}},
 		{KeyFilter{Match: "a%"}, []string{"a%1", "a%2"}},
 		{KeyFilter{Match: "a_"}, []string{"a_3"}},
 		{KeyFilter{Match: "a", AfterKey: "a%2", Limit: 2}, []string{"a_3", "ab"}},
-		{KeyFilter{AfterKey: "ab"}, []string{"b"}},
+		{KeyFilter{AfterKey: "ab", Limit: 1}, []string{"b"}},
 		{KeyFilter{Match: "c"}, nil},
 	} {
 		if got := keys(c.f); !slices.Equal(got, c.want) {
@@ -74,7 +78,7 @@ func TestKeys(t *testing.T) {
 	}
 
 	c, err := CountKeys(ctx, pool, "p", pgratelimit.Durable, 1)
-	if want := (KeyCounts{Keys: 5, Near: 3, AtLimit: 2}); err != nil || c != want {
+	if want := (KeyCounts{Keys: 7, Near: 3, AtLimit: 2}); err != nil || c != want {
 		t.Errorf("CountKeys: %+v, %v, want %+v", c, err, want)
 	}
 }
@@ -117,5 +121,20 @@ func TestKeysArguments(t *testing.T) {
 	}
 	if _, err := CountKeys(ctx, pool, "", pgratelimit.Durable, 0); !errors.Is(err, pgratelimit.ErrInvalidArgument) {
 		t.Errorf("CountKeys with no prefix: %v", err)
+	}
+}
+
+func TestAbove(t *testing.T) {
+	t.Parallel()
+	top := string(unicode.MaxRune)
+	for m, want := range map[string]string{"ab": "ac", "a\u00ff": "a\u0100", "a\ud7ff": "a\ue000", "a" + top: "b", "a" + top + top: "b"} {
+		if got := above(m); got != want {
+			t.Errorf("above(%q) = %q, want %q", m, got, want)
+		}
+	}
+	for _, m := range []string{"", top, top + top} {
+		if got := above(m); len(got) <= pgratelimit.MaxKeyLen || strings.Trim(got, top) != "" {
+			t.Errorf("above(%q) = %q", m, got)
+		}
 	}
 }

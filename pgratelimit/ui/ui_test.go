@@ -20,7 +20,9 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+// TestMain points DATABASE_URL at a fresh, migrated schema for the
+// example.
+func TestMain(m *testing.M) { testdb.Main(testdb.Examples(m)) }
 
 // bundle is a UI on a fresh schema: its limiter of credits (grants, a
 // ledger, alerts), its semaphore of jobs, and a browser of it.
