@@ -433,3 +433,28 @@ func TestDur(t *testing.T) {
 		}
 	}
 }
+
+// The ledger shows 50 entries a page, newest first; "Older" pages back.
+func TestLedgerPages(t *testing.T) {
+	t.Parallel()
+	x := setup(t, Config{}, "/")
+	ctx := context.Background()
+	for range 60 {
+		if _, err := x.credits.Allow(ctx, "acme"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := regexp.MustCompile(`data-testid="ledger-row"><td class="n">(\d+)</td>`)
+	older := regexp.MustCompile(`href="(key\?[^"]*before=\d+)" data-testid="ledger-older"`)
+	_, page := x.b.get("/key?prefix=credits&key=acme")
+	ids := rows.FindAllStringSubmatch(page, -1)
+	m := older.FindStringSubmatch(page)
+	if len(ids) != 50 || ids[0][1] != "60" || ids[49][1] != "11" || m == nil {
+		t.Fatalf("the first page: %d rows, older %v", len(ids), m)
+	}
+	_, page = x.b.get("/" + strings.ReplaceAll(m[1], "&amp;", "&"))
+	ids = rows.FindAllStringSubmatch(page, -1)
+	if len(ids) != 10 || ids[0][1] != "10" || ids[9][1] != "1" || older.MatchString(page) || !strings.Contains(page, ">Newest</a>") {
+		t.Errorf("the second page: %v\n%s", ids, page)
+	}
+}
