@@ -211,3 +211,130 @@ func TestAlertsQueryModes(t *testing.T) {
 		})
 	}
 }
+
+// A line a limiter saw fire stays fired for it, in its own transactions,
+// even when the key's alert state is deleted by hand (docs/alerts.md): the
+// limiter remembers what its committed transactions fired (issue 40: it
+// only remembered lines it later read back, so the first denial after a
+// firing, with the state deleted, fired again).
+func TestAlertsRememberedAfterCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	l := alertLimiter(t, pool, pgratelimit.Config{Prefix: "mem", Capacity: 10, Refill: 10,
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Alerts: pgratelimit.Alerts{Exhausted: true}})
+	r, err := l.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	r, err = l.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, []line{exhausted()}, lines(listEvents(t, pool, "mem")))
+	_, err = pool.Exec(ctx, `DELETE FROM pgratelimit_alert_state WHERE key = 'k'`)
+	require.NoError(t, err)
+	r, err = l.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, []line{exhausted()}, lines(listEvents(t, pool, "mem")), "the line fired again")
+
+	// A limiter that never saw it fire (a restart) reads the state: gone,
+	// so it fires.
+	fresh := alertLimiter(t, pool, l.Config())
+	_, err = fresh.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, []line{exhausted(), exhausted()}, lines(listEvents(t, pool, "mem")))
+}
+
+// A balance that falls past a BalanceAtOrBelow line with no operation (a
+// grant expires, a smaller plan clamps the tokens) is told by the key's next
+// operation that is taken, if the balance it leaves is still at or below
+// the line (docs/alerts.md; issue 40: nothing ever fired).
+func TestAlertsUnseenDrops(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := newPool(t)
+	t.Run("grant expiry", func(t *testing.T) {
+		clock := newClock()
+		l := alertLimiter(t, pool, pgratelimit.Config{Prefix: "exp", Capacity: 100, Refill: 100, Grants: true, Clock: clock.Now,
+			Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Alerts: pgratelimit.Alerts{BalanceAtOrBelow: []int64{50}}})
+		_, err := l.Grant(ctx, "k", 100, clock.Now().Add(24*time.Hour))
+		require.NoError(t, err)
+		r, err := l.AllowN(ctx, "k", 80) // bucket 20, balance 120
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		require.Empty(t, listEvents(t, pool, "exp"))
+		clock.Add(48 * time.Hour) // the grant expired: balance 20, unseen
+		r, err = l.AllowN(ctx, "k", 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		evs := listEvents(t, pool, "exp")
+		require.Equal(t, []line{below(50)}, lines(evs))
+		require.Equal(t, int64(19), evs[0].Balance)
+		_, err = l.AllowN(ctx, "k", 1) // once per period
+		require.NoError(t, err)
+		require.Len(t, listEvents(t, pool, "exp"), 1)
+	})
+	t.Run("downgrade", func(t *testing.T) {
+		clock := newClock()
+		cfg := pgratelimit.Config{Prefix: "down", Capacity: 1000, Refill: 1000, Clock: clock.Now,
+			Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Alerts: pgratelimit.Alerts{BalanceAtOrBelow: []int64{600}}}
+		big := alertLimiter(t, pool, cfg)
+		cfg.Capacity, cfg.Refill = 500, 500
+		small := alertLimiter(t, pool, cfg)
+		r, err := big.AllowN(ctx, "k", 200) // 800
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		r, err = small.AllowN(ctx, "k", 10) // clamped to 500, then 490
+		require.NoError(t, err)
+		require.Equal(t, int64(490), r.Remaining)
+		evs := listEvents(t, pool, "down")
+		require.Equal(t, []line{below(600)}, lines(evs))
+		require.Equal(t, int64(490), evs[0].Balance)
+	})
+	t.Run("a refill is no drop", func(t *testing.T) {
+		clock := newClock()
+		l := alertLimiter(t, pool, pgratelimit.Config{Prefix: "up", Capacity: 100, Refill: 100, Clock: clock.Now,
+			Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Alerts: pgratelimit.Alerts{BalanceAtOrBelow: []int64{50}}})
+		_, err := l.AllowN(ctx, "k", 40) // 60
+		require.NoError(t, err)
+		clock.Set(31 * 24 * time.Hour)  // February: full again
+		_, err = l.AllowN(ctx, "k", 10) // 90
+		require.NoError(t, err)
+		require.Empty(t, listEvents(t, pool, "up"))
+	})
+}
+
+// A transaction that fired a line and then failed to commit (here a
+// deferred trigger's serialization failure, once, which the engine retries)
+// teaches the limiter nothing: its retry fires the line, and the event
+// exists once.
+func TestAlertsFiredOnlyWhenCommitted(t *testing.T) {
+	t.Parallel()
+	skipOnDistributed(t, "a trigger on a coordinator table")
+	ctx := context.Background()
+	pool := newPool(t)
+	for _, ddl := range []string{
+		`CREATE SEQUENCE flaky_once`,
+		`CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF nextval('flaky_once') = 1 THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER flaky AFTER INSERT ON pgratelimit_events DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW EXECUTE FUNCTION flaky()`,
+	} {
+		_, err := pool.Exec(ctx, ddl)
+		require.NoError(t, err)
+	}
+	l := alertLimiter(t, pool, pgratelimit.Config{Prefix: "rb", Capacity: 10, Refill: 10,
+		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Alerts: pgratelimit.Alerts{Exhausted: true}})
+	_, err := l.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	r, err := l.AllowN(ctx, "k", 1) // fires; its first COMMIT fails
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
+	require.Equal(t, []line{exhausted()}, lines(listEvents(t, pool, "rb")))
+	var tries int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT last_value FROM flaky_once`).Scan(&tries))
+	require.Equal(t, int64(2), tries, "the event's first COMMIT failed, its retry committed")
+	_, err = l.AllowN(ctx, "k", 1)
+	require.NoError(t, err)
+	require.Equal(t, []line{exhausted()}, lines(listEvents(t, pool, "rb")))
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -233,6 +234,7 @@ func TestLeaseInTransaction(t *testing.T) {
 type commitEater struct {
 	net.Conn
 	armed *atomic.Bool
+	then  func() // if not nil, called when it eats a reply, which then reads as timed out
 }
 
 func (c commitEater) Read(b []byte) (int, error) {
@@ -240,6 +242,10 @@ func (c commitEater) Read(b []byte) (int, error) {
 	if n > 0 && c.armed.Load() && bytes.Contains(b[:n], []byte("COMMIT\x00")) {
 		c.armed.Store(false)
 		c.Conn.Close()
+		if c.then != nil {
+			c.then()
+			return 0, os.ErrDeadlineExceeded // as when pgx stops a read for an ended context
+		}
 		return 0, errors.New("the reply was lost")
 	}
 	return n, err
@@ -258,7 +264,7 @@ func TestLeaseLostReply(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return commitEater{c, &armed}, nil
+		return commitEater{Conn: c, armed: &armed}, nil
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
@@ -279,6 +285,52 @@ func TestLeaseLostReply(t *testing.T) {
 	ls, err := s.Leases(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, []pgratelimit.Lease{r.Lease}, ls)
+}
+
+// An acquisition whose context ends as its transaction commits returns the
+// context's error, though it took its lease (docs/leases.md, "Errors and
+// retries"): with a request ID, the retry returns that lease and takes no
+// other unit, and Release frees it.
+func TestLeaseContextEndsAtCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var armed atomic.Bool
+	var cancelCall atomic.Pointer[context.CancelFunc]
+	cfg := testdb.NewSchema(t).Config.Copy()
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return commitEater{Conn: c, armed: &armed, then: func() { (*cancelCall.Load())() }}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s := newSemaphore(t, pool, pgratelimit.SemaphoreConfig{Prefix: "ctx", Max: 2, TTL: time.Minute})
+
+	id := pgratelimit.WithRequestID(ctx, "job-7")
+	cctx, cancel := context.WithCancel(id)
+	defer cancel()
+	cancelCall.Store(&cancel)
+	armed.Store(true)
+	_, err = s.Acquire(cctx, "k", 1)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, armed.Load(), "a COMMIT was confirmed")
+	ls, err := s.Leases(ctx, "k")
+	require.NoError(t, err)
+	require.Len(t, ls, 1, "the lease was taken")
+
+	r, err := s.Acquire(id, "k", 1)
+	require.NoError(t, err)
+	require.True(t, r.Acquired)
+	require.Equal(t, ls[0], r.Lease)
+	require.Equal(t, int64(1), r.Held, "the retry took no other unit")
+	require.NoError(t, s.Release(ctx, "k", "job-7"))
+	require.NoError(t, s.Release(ctx, "k", "job-7"), "a release is safe to retry")
+	ls, err = s.Leases(ctx, "k")
+	require.NoError(t, err)
+	require.Empty(t, ls)
 }
 
 // Wait is woken by a release (a notification: far sooner than the expiry,

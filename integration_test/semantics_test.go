@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,4 +214,29 @@ func TestGridPast2262(t *testing.T) {
 	r, err = l.AllowN(ctx, "k", 1)
 	require.NoError(t, err)
 	require.Equal(t, int64(6), r.Remaining, "two refills")
+}
+
+// Refills a century apart: the bucket's row lives until it is full, even
+// past what a time.Duration reaches from the check (issue 40: it expired in
+// 2318 and read as full).
+func TestRefillsCenturiesAway(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var now atomic.Pointer[time.Time]
+	at := func(year int) { tm := time.Date(year, 6, 1, 0, 0, 0, 0, time.UTC); now.Store(&tm) }
+	at(2026)
+	l := newLimiter(t, pgratelimit.Config{Prefix: "century", Capacity: 10, Refill: 1, Interval: 100 * 365 * 24 * time.Hour,
+		Clock: func() time.Time { return *now.Load() }})
+	r, err := l.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	for _, year := range []int{2318, 2319, 2368} {
+		at(year)
+		p, err := l.Peek(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, int64(3), p.Remaining, "in %d", year) // refills in 2069, 2169, 2269
+	}
+	r, err = l.AllowN(ctx, "k", 10)
+	require.NoError(t, err)
+	require.False(t, r.Allowed)
 }

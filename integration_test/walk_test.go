@@ -46,7 +46,8 @@ func walkPlans() []pgratelimit.Config {
 
 // policyOf is cfg's policy in the model's words.
 func policyOf(cfg pgratelimit.Config) account.Policy {
-	p := account.Policy{Capacity: cfg.Capacity, Refill: cfg.Refill, Schedule: account.Grid(cfg.Interval)}
+	p := account.Policy{Capacity: cfg.Capacity, Refill: cfg.Refill, Schedule: account.Grid(cfg.Interval),
+		Grants: cfg.Grants, Ledger: cfg.Ledger, Retention: cfg.RequestIDRetention}
 	if cfg.Calendar.Every != 0 {
 		p.Schedule = account.Calendar(account.Period(cfg.Calendar.Every), time.UTC, cfg.Calendar.Anchor)
 	}
@@ -278,8 +279,7 @@ func (w *walker) check(op walkOp, g got) {
 		require.Equal(t, resultOfOutcome(account.Look(p, *st, now, 1)), g.res, "%v: peek", op)
 		return
 	}
-	mop := account.Op{Kind: op.kind, Amount: op.amount, ID: op.id, Retention: 24 * time.Hour,
-		GrantID: g.grant.ID, ExpiresAt: op.expires.Truncate(time.Microsecond), Ledger: true}
+	mop := account.Op{Kind: op.kind, Amount: op.amount, ID: op.id, GrantID: g.grant.ID, ExpiresAt: op.expires.Truncate(time.Microsecond)}
 	ns, c, err := account.Apply(p, *st, now, mop)
 	w.count(op.kind, c, err)
 	if err != nil || g.err != nil {
@@ -353,8 +353,8 @@ func (w *walker) allowAll() {
 	}
 	now := w.clock.Now()
 	sa, sb := w.model[a], w.model[b]
-	na, xa, ea := account.Apply(p, *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id, Retention: 24 * time.Hour, Ledger: true})
-	nb, xb, eb := account.Apply(p, *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id, Retention: 24 * time.Hour, Ledger: true})
+	na, xa, ea := account.Apply(p, *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id})
+	nb, xb, eb := account.Apply(p, *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id})
 	ra, rb := id != "" && live(sa, id, now), id != "" && live(sb, id, now)
 	if ea != nil || eb != nil || ra != rb {
 		require.Error(t, err, "AllowAll %s %d, %s %d, id %q: the model says %v %v (recorded %v %v)", a, ca, b, cb, id, ea, eb, ra, rb)

@@ -34,7 +34,10 @@ type Alerts struct {
 	// BalanceAtOrBelow fire when the key's balance (bucket tokens plus live
 	// grants) falls from above each level to it or below: 100 fires on the
 	// charge that takes a balance of 120 to 100 or less; 0 when the balance
-	// is spent. Each >= 0. Defaults to none.
+	// is spent. A balance that falls with no operation (a grant expires, a
+	// smaller Capacity clamps the tokens) is told by the key's next
+	// operation that is taken, if the balance it leaves is still at or
+	// below the level. Each >= 0. Defaults to none.
 	BalanceAtOrBelow []int64
 
 	// Exhausted fires when a charge (AllowN, AllowAll, Wait) is denied

@@ -35,8 +35,10 @@ type CleanerConfig struct {
 	BatchSize int
 
 	// Clock, when set, replaces the database's clock in deciding what has
-	// expired. Set it to the same clock as the limiters' Config.Clock, or
-	// leave both nil. Defaults to nil: the database's clock_timestamp().
+	// expired, in every table: delivered events too are aged by it
+	// (EventRetention), though their delivered_at is the database's clock.
+	// Set it to the same clock as the limiters' Config.Clock, or leave both
+	// nil. Defaults to nil: the database's clock_timestamp().
 	Clock func() time.Time
 
 	// StatementTimeout bounds each batch's DELETE (SET LOCAL

@@ -426,3 +426,54 @@ func TestChainWhenTheNextCannotBegin(t *testing.T) {
 		t.Fatalf("second link: deferred %v, other %+v", deferred[1], other.Outcomes)
 	}
 }
+
+// When a transaction's COMMIT fails in a chain with an error that trying
+// again cures (here a deferred trigger's serialization failure, once), it is
+// tried again, waiting for its rows, and the next one, which shares its row,
+// follows it: both decided, in order, as one by one (issue 40: a chained
+// batch's COMMIT error reached its callers).
+func TestChainRetriesAFailedCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	if onCitus(t, pool) {
+		t.Skip("a trigger on a distributed table needs citus.enable_unsafe_triggers")
+	}
+	l, err := New(pool, Config{Prefix: "r", Capacity: 10, Refill: 1, Interval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(ctx, "flaky"); err != nil { // the row exists (its INSERT is not what fails)
+		t.Fatal(err)
+	}
+	for _, ddl := range []string{
+		`CREATE SEQUENCE flaky_once`,
+		`CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF nextval('flaky_once') = 1 THEN RAISE EXCEPTION 'flaky' USING ERRCODE = '40001'; END IF; RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER flaky AFTER UPDATE ON pgratelimit_buckets DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (NEW.key = 'flaky') EXECUTE FUNCTION flaky()`,
+	} {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk := func(key string, cost int64) *engine.Request {
+		cl, _, err := newCall(ctx, nil, []Charge{l.Charge(key, cost)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl.q
+	}
+	first, second, other := mk("flaky", 3), mk("flaky", 2), mk("k", 1)
+	links := []link{{ctx, planOf(t, l, []*engine.Request{first}, engine.SkipLocked)}, {ctx, planOf(t, l, []*engine.Request{second, other}, engine.SkipLocked)}}
+	order, deferred, errs := chainOf(t, pool, links)
+	if len(errs) != 2 || errs[0] != nil || errs[1] != nil || order[0] != links[0].p || len(deferred[0])+len(deferred[1]) != 0 {
+		t.Fatalf("errors %v, deferred %v", errs, deferred)
+	}
+	if !first.Allowed || first.Outcomes[0].Remaining != 6 || !second.Allowed || second.Outcomes[0].Remaining != 4 || !other.Allowed {
+		t.Fatalf("outcomes: first %+v, second %+v, other %+v", first.Outcomes, second.Outcomes, other.Outcomes)
+	}
+	if r, err := l.Peek(ctx, "flaky"); err != nil || r.Remaining != 4 {
+		t.Fatalf("flaky after the chain: %+v %v, want 4 left", r, err)
+	}
+}

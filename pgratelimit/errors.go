@@ -47,12 +47,14 @@ var (
 	// ErrInvalidArgument too.
 	ErrInvalidCost = errors.New("pgratelimit: invalid cost")
 
-	// ErrCostExceedsCapacity is returned for a cost above Config.Capacity of
-	// a limiter without Config.Grants (with grants, a cost above Capacity is
-	// decided with the key's grants: a denial when they cannot cover it):
-	// such a check could never be allowed, so it is refused before any
-	// database access rather than denied forever. It matches
-	// ErrInvalidArgument too.
+	// ErrCostExceedsCapacity is returned for a cost above Config.Capacity
+	// (summed per bucket in AllowAll) of a limiter without Config.Grants,
+	// and for a lease's weight above SemaphoreConfig.Max: such a call could
+	// never be allowed, so it is refused before any database access rather
+	// than denied forever. With Grants, a cost above Capacity is not an
+	// error: the key's grants may cover the rest, and the check is decided
+	// (allowed or denied, RetryAfter InfDuration when refills and grants
+	// never can) like any other. It matches ErrInvalidArgument too.
 	ErrCostExceedsCapacity = errors.New("pgratelimit: cost exceeds capacity")
 
 	// ErrInvalidRequestID is returned for a request ID (WithRequestID), or a
@@ -61,9 +63,12 @@ var (
 	// NUL byte. It matches ErrInvalidArgument too.
 	ErrInvalidRequestID = errors.New("pgratelimit: invalid request ID")
 
-	// ErrLockTimeout is returned when a check waited longer than
-	// Config.LockTimeout for its bucket's row lock. Nothing was spent: the
-	// check can be retried.
+	// ErrLockTimeout is returned when an operation waited longer than
+	// Config.LockTimeout for its bucket's row lock (or, in the caller's
+	// transaction, than the lock_timeout set there). Nothing was spent: it
+	// can be retried. Only row-lock waits are bounded: a transaction's
+	// COMMIT is never cut short, and a Semaphore, which has no LockTimeout,
+	// never returns it from transactions of its own.
 	ErrLockTimeout = engine.ErrLockTimeout
 
 	// ErrNotMigrated is returned when the bucket tables do not exist in the

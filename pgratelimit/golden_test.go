@@ -52,7 +52,9 @@ func TestGoldenSQL(t *testing.T) {
 	}{{"leases", sqlgen.Leases}, {"ephemeral leases", sqlgen.EphemeralLeases}} {
 		fmt.Fprintf(&b, "== %[1]s.write.one\n%[2]s\n== %[1]s.write.many\n%[3]s\n== %[1]s.list\n%[4]s\n", l.name, l.ls.Write.One, l.ls.Write.Many, l.ls.List)
 	}
-	fmt.Fprintf(&b, "== leases.tokens\n%s\n== leases.notify.one\n%s\n== leases.notify.many\n%s\n", sqlgen.LeaseTokens, sqlgen.LeaseNotify.One, sqlgen.LeaseNotify.Many)
+	fmt.Fprintf(&b, "== leases.tokens\n%s\n", sqlgen.LeaseTokens)
+	fmt.Fprintf(&b, "== notify.one\n%s\n== notify.many\n%s\n== notifyUnbounded.one\n%s\n== notifyUnbounded.many\n%s\n",
+		sqlgen.Notify.One, sqlgen.Notify.Many, sqlgen.NotifyUnbounded.One, sqlgen.NotifyUnbounded.Many)
 	fmt.Fprintf(&b, "== readClock\n%s\n", (&engine.Attempt{}).ReadClock().SQL)
 	for n := 1; n <= 6; n++ {
 		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, sqlgen.SetConfig(n))

@@ -230,7 +230,11 @@ func (s *Semaphore) In(tx Tx) *Semaphore {
 // another weight is ErrRequestMismatch. Errors are invalid input
 // (ErrInvalidKey; ErrInvalidCost for a weight below 1,
 // ErrCostExceedsCapacity above Max; ErrInvalidRequestID), found before any
-// database access, the context's, or the database's.
+// database access, the context's, or the database's. A context that ends as
+// the transaction commits returns its error though the lease was taken:
+// with a request ID, retry Acquire with it (it returns that lease) and
+// Release it if the work is off; without one, the lease holds its units
+// until its TTL (see docs/leases.md, Errors and retries).
 func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (LeaseResult, error) {
 	if err := s.validate(key, weight); err != nil {
 		return LeaseResult{}, err

@@ -1,6 +1,7 @@
 package pgratelimit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -256,10 +257,11 @@ type Result struct {
 	// Remaining is the number of tokens left after this check.
 	Remaining int64
 	// RetryAfter is, for a denied check, how long until enough whole refills
-	// have happened for the same cost to be allowed (if nothing else takes
-	// tokens meanwhile, and no grant expires). Zero when allowed;
-	// InfDuration when refills alone never can (a cost above Capacity plus
-	// the key's grants).
+	// have happened for the same cost to be allowed, if nothing else takes
+	// or gives tokens meanwhile: the key's grants count only while they
+	// live (one that expires before then is counted out). Zero when
+	// allowed; InfDuration when refills never can (a cost above Capacity
+	// plus the grants still live by then).
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full again.
 	ResetAfter time.Duration
@@ -333,7 +335,8 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 // policy is c's bucket policy: a grid of Interval, or c's Calendar with its
 // own anchor.
 func (c Config) policy() account.Policy {
-	p := account.Policy{Capacity: c.Capacity, Refill: c.Refill}
+	p := account.Policy{Capacity: c.Capacity, Refill: c.Refill, Grants: c.Grants, Ledger: c.Ledger,
+		Retention: cmp.Or(c.RequestIDRetention, 24*time.Hour)}
 	if c.Calendar != (Calendar{}) {
 		p.Schedule = c.Calendar.at(time.Time{})
 	} else {
@@ -470,11 +473,7 @@ func (l *Limiter) row(key string) engine.Row {
 
 // charge is a charge of cost to key's bucket, with l's policy and settings.
 func (l *Limiter) charge(key string, cost int64) engine.Charge {
-	retention := l.cfg.RequestIDRetention
-	if retention == 0 {
-		retention = 24 * time.Hour
-	}
-	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Grants: l.cfg.Grants, Ledger: l.cfg.Ledger, Retention: retention}
+	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost}
 	if l.alerts != nil {
 		c.Observer = l.alerts
 	}

@@ -83,7 +83,8 @@ type MultiResult struct {
 // Every Limiter and Semaphore must use the same pool; otherwise, and for a
 // charge with neither or both, or no charges, the error wraps
 // ErrInvalidConfig. A bad key, a cost below 1, or a cost (summed per
-// bucket) above that bucket's Capacity (a semaphore's Max) is
+// bucket) above that bucket's Capacity (of a limiter without Grants; a
+// semaphore's Max) is
 // ErrInvalidKey, ErrInvalidCost or ErrCostExceedsCapacity, before any
 // database access.
 func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
@@ -339,7 +340,7 @@ func (cl *call) add(i int, c Charge, first Charge) error {
 	if cl.of != nil {
 		cl.of[i] = j
 	}
-	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Grants {
+	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Policy.Grants {
 		return badArg(ErrCostExceedsCapacity, "the costs of %s of prefix %q add up to %d, capacity %d", quoteKey(c.key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
 	}
 	return nil

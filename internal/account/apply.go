@@ -18,20 +18,15 @@ type Op struct {
 	// debit, refund or grant with an ID happens once per ID on the bucket;
 	// a reset ignores it.
 	ID string
-	// Retention is how long a record of ID is remembered.
-	Retention time.Duration
 	// GrantID and ExpiresAt (zero: never) are a grant's.
 	GrantID   int64
 	ExpiresAt time.Time
-	// Ledger says the caller keeps a ledger: the Change has its entries
-	// (else none), and a grant made is marked so (Grant.Ledger).
-	Ledger bool
 }
 
 // Change is what Apply did besides the new State.
 type Change struct {
 	Outcome
-	// Entries are the ledger entries (with Op.Ledger), in order: plan
+	// Entries are the ledger entries (with Policy.Ledger), in order: plan
 	// changes and expiries first, then the operation's. None for a denied
 	// operation or a replay.
 	Entries []Entry
@@ -68,7 +63,7 @@ func Apply(p Policy, s State, now time.Time, op Op) (State, Change, error) {
 	case recorded:
 		return replay(s, rec, op)
 	}
-	w := load(p, s, now, op.Ledger)
+	w := load(p, s, now)
 	var spent Spent
 	switch op.Kind {
 	case OpCharge, OpDebit:
@@ -82,7 +77,7 @@ func Apply(p Policy, s State, now time.Time, op Op) (State, Change, error) {
 		if !op.ExpiresAt.IsZero() && !now.Before(op.ExpiresAt) {
 			return s, Change{}, ErrGrantExpired
 		}
-		w.grants = append(w.grants, Grant{ID: op.GrantID, Amount: op.Amount, ExpiresAt: op.ExpiresAt, GrantedAt: now, Ledger: op.Ledger})
+		w.grants = append(w.grants, Grant{ID: op.GrantID, Amount: op.Amount, ExpiresAt: op.ExpiresAt, GrantedAt: now, Ledger: p.Ledger})
 	case OpReset:
 		w.b = p.Fresh(now)
 	}
@@ -111,7 +106,7 @@ func settle(p Policy, s State, now time.Time, op Op, rec Record) (State, Change,
 	case rec.Settled:
 		return s, Change{Outcome: rec.Settlement, Replayed: true}, nil
 	}
-	w := load(p, s, now, op.Ledger)
+	w := load(p, s, now)
 	switch diff := subSat(op.Amount, rec.Amount); {
 	case diff > 0:
 		w.take(diff, true, false)
@@ -189,19 +184,19 @@ type work struct {
 	before, grantedBefore int64
 }
 
-func load(p Policy, s State, now time.Time, ledger bool) work {
+func load(p Policy, s State, now time.Time) work {
 	b, plan := p.Load(s.Bucket, now)
 	w := work{p: p, now: now, b: b, loaded: b.Tokens, plan: plan, grants: slices.Clone(s.Grants)}
 	slices.SortFunc(w.grants, CompareGrants)
 	balance := AddSat(b.Tokens, sumAmounts(w.grants))
-	if plan != 0 && ledger {
+	if plan != 0 && p.Ledger {
 		w.entries = append(w.entries, Entry{Kind: OpPlan, Amount: plan, Balance: balance, Granted: sumAmounts(w.grants)})
 	}
 	for i, g := range w.grants {
 		if g.Amount > 0 && !g.Live(now) {
 			w.grants[i].Amount = 0
 			balance = subSat(balance, g.Amount)
-			if ledger {
+			if p.Ledger {
 				w.entries = append(w.entries, Entry{Kind: OpExpire, Amount: -g.Amount, GrantsAmount: -g.Amount, Balance: balance, Granted: sumAmounts(w.grants)})
 			}
 		}
@@ -313,7 +308,7 @@ func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 	}
 	o := w.outcome()
 	c := Change{Outcome: o, Reset: op.Kind == OpReset}
-	if op.Ledger {
+	if w.p.Ledger {
 		c.Entries = w.entries
 		if amount := subSat(AddSat(o.Remaining, o.Granted), w.before); amount != 0 || op.Kind == OpCharge {
 			c.Entries = append(c.Entries, Entry{Kind: op.Kind, Amount: amount, GrantsAmount: subSat(o.Granted, w.grantedBefore),
@@ -328,7 +323,7 @@ func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 			rec.Settlement = o
 		} else {
 			*rec = Record{Kind: rec.Kind, Amount: rec.Amount, Outcome: o, Spent: rec.Spent, Grant: c.Grant,
-				CreatedAt: w.now, ExpiresAt: timeAddSat(w.now, op.Retention)}
+				CreatedAt: w.now, ExpiresAt: timeAddSat(w.now, w.p.Retention)}
 		}
 		ns.Records = maps.Clone(s.Records)
 		if ns.Records == nil {

@@ -56,23 +56,22 @@ func (w *walk) id() string {
 	return id
 }
 
-// op decodes the next operation, with a ledger.
-func (w *walk) op() Op {
-	op := w.op1()
-	op.Ledger = true
-	return op
+// op decodes the next operation, and how long the account remembers its
+// request ID.
+func (w *walk) op() (Op, time.Duration) {
+	retention := time.Duration(w.byte()%4+1) * time.Hour
+	return w.op1(), retention
 }
 
 // op1 decodes the next operation.
 func (w *walk) op1() Op {
-	retention := time.Duration(w.byte()%4+1) * time.Hour
 	switch k := w.byte() % 12; {
 	case k < 5:
-		return Op{Kind: OpCharge, Amount: w.amount(), ID: w.id(), Retention: retention}
+		return Op{Kind: OpCharge, Amount: w.amount(), ID: w.id()}
 	case k < 6:
-		return Op{Kind: OpDebit, Amount: w.amount(), ID: w.id(), Retention: retention}
+		return Op{Kind: OpDebit, Amount: w.amount(), ID: w.id()}
 	case k < 7:
-		return Op{Kind: OpRefund, Amount: w.amount(), ID: w.id(), Retention: retention}
+		return Op{Kind: OpRefund, Amount: w.amount(), ID: w.id()}
 	case k < 9:
 		var id string
 		if len(w.ids) > 0 {
@@ -87,7 +86,7 @@ func (w *walk) op1() Op {
 		if b := w.byte(); b%3 != 0 {
 			exp = w.now.Add(time.Duration(b) * 7 * time.Minute)
 		}
-		return Op{Kind: OpGrant, Amount: w.amount(), ID: w.id(), Retention: retention, GrantID: w.nextID, ExpiresAt: exp, Ledger: true}
+		return Op{Kind: OpGrant, Amount: w.amount(), ID: w.id(), GrantID: w.nextID, ExpiresAt: exp}
 	}
 	return Op{Kind: OpReset}
 }
@@ -121,19 +120,17 @@ func (w *walk) step(t *testing.T) {
 		w.clean = cleanup(w.clean, w.now)
 	}
 	p := w.pols[int(w.byte())%len(w.pols)]
-	op := w.op()
+	op, retention := w.op()
+	p.Ledger, p.Retention = true, retention
 	w.log = append(w.log, fmt.Sprintf("%s cap %d: %+v", w.now.Format(time.TimeOnly), p.Capacity, op))
 	peek := Look(p, w.s, w.now, max(op.Amount, 1))
 	tokens, granted := balanceOf(p, w.s, w.now)
 	ns, c, err := Apply(p, w.s, w.now, op)
 	nc, cc, cerr := Apply(p, w.clean, w.now, op)
 	// Without a ledger: the same state and outcome, no entries.
-	quiet := op
-	quiet.Ledger = false
-	if op.Kind == OpGrant {
-		quiet.Ledger = true // a grant's mark is part of the state
-	}
-	qs, qc, qerr := Apply(p, w.s, w.now, quiet)
+	quiet := p
+	quiet.Ledger = op.Kind == OpGrant // a grant's mark is part of the state
+	qs, qc, qerr := Apply(quiet, w.s, w.now, op)
 	if !errors.Is(qerr, err) || qc.Outcome != c.Outcome || (op.Kind != OpGrant && len(qc.Entries) > 0) || !reflect.DeepEqual(qs.Bucket, ns.Bucket) {
 		w.fail(t, "without a ledger: %+v %v, with: %+v %v", qc, qerr, c, err)
 	}

@@ -9,12 +9,18 @@ import (
 // rounding keeps it unchanged across most writes of a busy row.
 const ExpiryGranularity = time.Minute
 
-// Policy is a bucket's parameters: at most Capacity tokens, Refill more at
-// every boundary of Schedule. Capacity and Refill are > 0.
+// Policy is a key's account: a bucket of at most Capacity tokens, Refill
+// more at every boundary of Schedule (Capacity and Refill are > 0), and the
+// parts it keeps besides: its grants (Grants: spent after the bucket), a
+// ledger (Ledger: a Change has its entries, a grant made is marked so), and
+// the records of request IDs, each remembered for Retention.
 type Policy struct {
-	Capacity int64
-	Refill   int64
-	Schedule Schedule
+	Capacity  int64
+	Refill    int64
+	Schedule  Schedule
+	Grants    bool
+	Ledger    bool
+	Retention time.Duration
 }
 
 // Bucket is a key's bucket as stored: Tokens as of RefilledAt, a boundary of
@@ -103,7 +109,14 @@ func (p Policy) untilTokens(b Bucket, now time.Time, want int64) time.Duration {
 	if want > p.Capacity {
 		return Inf
 	}
-	return untilSat(p.Schedule.Add(b.RefilledAt, p.refillsFor(need)), now)
+	return untilSat(p.refilledBy(b, need), now)
+}
+
+// refilledBy is the boundary by which the refills of the loaded bucket b
+// add need tokens (need > 0), saturating at MaxTime: an instant, which
+// reaches further than a time.Duration from now can.
+func (p Policy) refilledBy(b Bucket, need int64) time.Time {
+	return p.Schedule.Add(b.RefilledAt, p.refillsFor(need))
 }
 
 // Horizon is how long after a new row's first check, of cost, the bucket is
@@ -120,9 +133,18 @@ func (p Policy) Horizon(cost int64) time.Duration {
 
 // expiry is the ExpiresAt to store for the loaded bucket b at now: when it is
 // full again, rounded up to ExpiryGranularity, never before the one it has
-// (a row only ever moves its expiry forward).
+// (a row only ever moves its expiry forward). It is the instant of the
+// refill that fills it (saturating at MaxTime), not now plus a wait: a wait
+// longer than a time.Duration saturates, and a row that expired before its
+// bucket is full would read as a full one.
 func (p Policy) expiry(b Bucket, now time.Time) time.Time {
-	e := roundUp(timeAddSat(now, p.untilTokens(b, now, p.Capacity)), ExpiryGranularity)
+	full := now
+	if need := AddSat(p.Capacity, -max(b.Tokens, -math.MaxInt64)); need > 0 {
+		if at := p.refilledBy(b, need); at.After(now) {
+			full = at
+		}
+	}
+	e := roundUp(full, ExpiryGranularity)
 	if e.Before(b.ExpiresAt) {
 		return b.ExpiresAt
 	}

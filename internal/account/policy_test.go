@@ -3,6 +3,7 @@ package account
 import (
 	"math"
 	"math/big"
+	"slices"
 	"testing"
 	"time"
 )
@@ -240,17 +241,24 @@ func (m *model) advance(now time.Time) {
 	}
 }
 
-// waitFor steps refills forward until the bucket holds want Tokens.
-func (m *model) waitFor(now time.Time, want int64) time.Duration {
+// fullAt steps refills forward until the bucket holds want Tokens (more
+// than it has): the boundary that brings them, an instant (a wait from now
+// saturates past 292 years).
+func (m *model) fullAt(want int64) time.Time {
 	Tokens, at := m.Tokens, m.RefilledAt
 	for Tokens < want {
 		at = m.bounds.next(at)
 		Tokens += m.Refill
 	}
-	if Tokens == m.Tokens {
+	return at
+}
+
+// waitFor is how long until the bucket holds want Tokens.
+func (m *model) waitFor(now time.Time, want int64) time.Duration {
+	if m.Tokens >= want {
 		return 0
 	}
-	return at.Sub(now)
+	return m.fullAt(want).Sub(now)
 }
 
 // take checks cost at now. A denied check writes nothing: the refills it
@@ -265,7 +273,13 @@ func (m *model) take(now time.Time, cost int64) Result {
 	}
 	m.Tokens -= cost
 	r := Result{Allowed: true, Limit: m.Capacity, Remaining: m.Tokens, ResetAfter: m.waitFor(now, m.Capacity)}
-	full := now.Add(r.ResetAfter)
+	full := now
+	if m.Tokens < m.Capacity {
+		full = m.fullAt(m.Capacity)
+	}
+	if full.After(MaxTime) {
+		full = MaxTime
+	}
 	exp := full.Truncate(time.Minute)
 	if exp.Before(full) {
 		exp = exp.Add(time.Minute)
@@ -334,6 +348,7 @@ func FuzzRefillMath(f *testing.F) {
 	f.Add(uint16(3), uint16(1), uint16(10000), uint8(0), []byte{99, 1, 99, 1, 99, 1, 70, 1, 70, 1})
 	f.Add(uint16(1), uint16(1), uint16(1), uint8(0), []byte{255, 1, 0, 1, 255, 1})
 	f.Add(uint16(5), uint16(2), uint16(7001), uint8(1+len(fuzzCalendars)), []byte{9, 3, 70, 1, 255, 4, 13, 2})
+	f.Add(uint16(999), uint16(0), uint16(364), uint8(2*(1+len(fuzzCalendars))), append([]byte{0, 255, 0, 255}, slices.Repeat([]byte{255, 1}, 14)...)) // centuries to fill
 	for i := range fuzzCalendars {
 		f.Add(uint16(1000), uint16(400), uint16(0), uint8(1+i), []byte{3, 255, 7, 200, 12, 100, 33, 50, 16, 9, 9, 255, 40, 1, 11, 17})
 	}
@@ -346,6 +361,11 @@ func FuzzRefillMath(f *testing.F) {
 			unit  = time.Duration(1+int(intervalMs)) * time.Millisecond
 		)
 		if k := int(sched) % (1 + len(fuzzCalendars)); k == 0 {
+			if sched%4 >= 2 {
+				// Intervals of days to a year: a bucket may take longer to
+				// fill than a time.Duration reaches.
+				unit = time.Duration(1+int(intervalMs)%365) * 24 * time.Hour
+			}
 			p, ms = gridPolicy(capacity, refill, unit), modelGrid{interval: unit}
 			if sched%2 == 1 {
 				start = time.Date(2300, 1, 1, 0, 0, 0, 0, time.UTC) // past int64 nanoseconds
@@ -360,4 +380,41 @@ func FuzzRefillMath(f *testing.F) {
 			runModel(t, p, &model{Capacity: capacity, Refill: refill, bounds: ms}, &store{cleanup: cleanup}, start, unit, steps)
 		}
 	})
+}
+
+// A bucket full again further away than a time.Duration reaches (292
+// years) keeps its row until then: its expiry is the instant of the refill
+// that fills it, not now plus a saturated wait (issue 40: the row expired in
+// 2318 and then read as full, where the grid gives 3 until 2369).
+func TestExpiryBeyondDurations(t *testing.T) {
+	century := 100 * 365 * 24 * time.Hour
+	p := Policy{Capacity: 10, Refill: 1, Schedule: Grid(century)}
+	s, c, err := Apply(p, State{}, t0, Op{Kind: OpCharge, Amount: 10})
+	if err != nil || !c.Allowed {
+		t.Fatalf("first charge: %+v %v", c, err)
+	}
+	full := p.Schedule.Add(p.Schedule.Floor(t0), 10)
+	if s.Bucket.ExpiresAt.Before(full) {
+		t.Fatalf("expires %v, full only at %v", s.Bucket.ExpiresAt, full)
+	}
+	year := func(y int) time.Time { return time.Date(y, 6, 1, 0, 0, 0, 0, time.UTC) }
+	for at, want := range map[time.Time]int64{year(2318): 3, year(2319): 3, year(2368): 3, year(2370): 4, year(2970): 10} {
+		if o := Look(p, s, at, 10); o.Remaining != want || o.Allowed != (want == 10) {
+			t.Errorf("at %v: %+v, want %d left", at.Year(), o, want)
+		}
+	}
+	// A monthly quota refilled by 1: 10,000 months to fill, and 100,000,
+	// past MaxTime.
+	m := Policy{Capacity: 10000, Refill: 1, Schedule: Calendar(Month, time.UTC, time.Time{})}
+	s, _, err = Apply(m, State{}, t0, Op{Kind: OpCharge, Amount: 10000})
+	if want := time.Date(2859, 5, 1, 0, 0, 0, 0, time.UTC); err != nil || !s.Bucket.ExpiresAt.Equal(want) {
+		t.Fatalf("monthly: expires %v %v, want %v", s.Bucket.ExpiresAt, err, want)
+	}
+	if o := Look(m, s, year(2400), 1); o.Remaining != m.Schedule.Count(t0, year(2400)) {
+		t.Fatalf("monthly in 2400: %+v", o)
+	}
+	m.Capacity = 100000
+	if s, _, err = Apply(m, State{}, t0, Op{Kind: OpCharge, Amount: 100000}); err != nil || !s.Bucket.ExpiresAt.Equal(MaxTime) {
+		t.Fatalf("monthly past MaxTime: expires %v %v", s.Bucket.ExpiresAt, err)
+	}
 }

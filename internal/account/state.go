@@ -173,3 +173,17 @@ func Granted(gs []Grant, now time.Time) int64 {
 	}
 	return sum
 }
+
+// Written is the balance s held when its row was last written, as far as
+// now can tell: its tokens then (Capacity, for a row that reads as a full
+// bucket: past its expiry, or a placeholder) plus the amounts of its grants
+// not yet written off, expired ones included. Where a Look at now finds
+// less, the balance fell without an operation: grants expired, or a smaller
+// plan clamped the tokens (refills only ever add).
+func Written(p Policy, s State, now time.Time) int64 {
+	tokens := s.Bucket.Tokens
+	if !now.Before(s.Bucket.ExpiresAt) || s.Bucket.RefilledAt.IsZero() {
+		tokens = p.Capacity
+	}
+	return AddSat(tokens, sumAmounts(s.Grants))
+}

@@ -13,7 +13,8 @@
 // Follow round trip, and write the state and the events before COMMIT.
 // Every writer of a key's alert state holds the key's bucket row lock, so
 // the state needs no lock of its own. A bounded memory (memory.go) of
-// lines known to have fired spares the read for charges that could only
+// lines known to have fired (read so, or fired by a transaction of the
+// limiter's own that committed) spares the read for charges that could only
 // find them fired (the denials of a spent key); the database stays the
 // authority.
 package alert

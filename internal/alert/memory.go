@@ -12,7 +12,8 @@ const memorySize = 4096
 // database said had fired: a charge that could only fire those needs no
 // read (an exhausted key denied again and again costs no extra round
 // trip). It only ever learns from committed state (what a transaction of
-// the limiter's own read), so it never skips a line that has not fired.
+// the limiter's own read, or fired and then committed: Observer.Committed),
+// so it never skips a line that has not fired.
 // Safe for concurrent use; the zero value is empty.
 type Memory struct {
 	mu    sync.Mutex

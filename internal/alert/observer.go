@@ -64,8 +64,10 @@ type attemptState struct {
 	cands    []candidate
 	ids      []stateID            // distinct, in the order first seen
 	read     map[stateID][]string // the labels fired, as read
+	fired    map[stateID][]string // the labels fired, as written (Write)
 	followed bool
 	written  bool
+	learned  bool
 }
 
 func stateOf(a *engine.Attempt) *attemptState {
@@ -83,7 +85,7 @@ func (o *Observer) Observe(a *engine.Attempt, q *engine.Request, c engine.Charge
 	bal := Of(ch.Outcome)
 	switch {
 	case taken:
-		mask = o.cfg.Spec.Crossed(Of(before), bal)
+		mask = o.cfg.Spec.Crossed(o.unseen(a, c, Of(before)), bal)
 	case !ch.Allowed && q.Kind == account.OpCharge:
 		mask, bal = o.cfg.Spec.Denied(), Of(before)
 	}
@@ -100,6 +102,19 @@ func (o *Observer) Observe(a *engine.Attempt, q *engine.Request, c engine.Charge
 		st.ids = append(st.ids, id)
 	}
 	st.cands = append(st.cands, candidate{obs: o, id: id, start: start, end: end, mask: mask, bal: bal, reqID: q.ID})
+}
+
+// unseen is before, the balance c's account holds just before c, raised to
+// what its row held when last written if that was more: a balance that fell
+// with no operation (grants that expired, a smaller plan that clamped the
+// tokens) crossed its Below lines unseen, and the first operation taken
+// after it tells them, if the balance it leaves is still at or below them.
+// The bucket's tokens (Used lines) stay before's.
+func (o *Observer) unseen(a *engine.Attempt, c engine.Charge, before Balance) Balance {
+	if w := account.Written(c.Policy, a.Account(c.Row), a.Now()); w > before.Total() {
+		before.Granted = account.AddSat(before.Granted, account.AddSat(w, -before.Total())) // Total >= -MaxInt64
+	}
+	return before
 }
 
 // Follow reads the alert state of every key and period a charge may fire
@@ -156,7 +171,8 @@ func (st *attemptState) learn(id stateID, start time.Time) {
 
 // Write returns the statements that write the events of the lines that
 // fire, in the order of the charges, and the keys' new alert state, once
-// per attempt; and a notification per prefix, delivered on commit.
+// per attempt; and it has the engine notify each prefix (delivered on
+// commit).
 func (o *Observer) Write(a *engine.Attempt) []engine.Stmt {
 	st := stateOf(a)
 	if st.written || !st.followed {
@@ -164,8 +180,8 @@ func (o *Observer) Write(a *engine.Attempt) []engine.Stmt {
 	}
 	st.written = true
 	fired := make(map[stateID][]string, len(st.ids))
-	var events, states, notes []engine.Stmt
-	var prefixes []string
+	st.fired = fired
+	var events, states []engine.Stmt
 	for _, c := range st.cands {
 		have := fired[c.id]
 		if have == nil {
@@ -189,12 +205,25 @@ func (o *Observer) Write(a *engine.Attempt) []engine.Stmt {
 		slices.Sort(labels)
 		states = append(states, engine.Stmt{SQL: sqlgen.Alerts.WriteState,
 			Args: []any{id.prefix, id.key, timeArg(c.start), timeArg(c.end), strings.Join(labels, " ")}})
-		if !slices.Contains(prefixes, id.prefix) {
-			prefixes = append(prefixes, id.prefix)
-			notes = append(notes, engine.Stmt{SQL: sqlgen.Alerts.Notify, Args: []any{sqlgen.EventsChannel, id.prefix}})
-		}
+		a.Notify(sqlgen.EventsChannel, id.prefix)
 	}
-	return append(append(states, events...), notes...)
+	return append(states, events...)
+}
+
+// Committed tells the observers of a's candidates the lines a fired, once
+// a has committed (a transaction that rolls back must not make them skip a
+// line that has not fired): the next charge that could fire only those
+// needs no read, and a line whose state is deleted by hand stays fired for
+// the process, as docs/alerts.md says.
+func (o *Observer) Committed(a *engine.Attempt) {
+	st := stateOf(a)
+	if st.learned || st.fired == nil {
+		return
+	}
+	st.learned = true
+	for _, c := range st.cands {
+		c.obs.mem.Learn(c.id.prefix, c.id.key, c.start, c.obs.cfg.Spec.Mask(st.fired[c.id]))
+	}
 }
 
 // event is the statement that writes the event of line l for c.

@@ -89,8 +89,8 @@ func TestRoute(t *testing.T) {
 		{"no map of the table", q(account.OpCharge, "", c(Ephemeral, onA)), nil},
 		{"a request ID", q(account.OpCharge, "r1", c(Durable, onA)), nil},
 		{"a refund", q(account.OpRefund, "", c(Durable, onA)), nil},
-		{"grants", q(account.OpCharge, "", engine.Charge{Row: engine.Row{Storage: Durable, Prefix: "p", Key: onA}, Grants: true}), nil},
-		{"the ledger", q(account.OpCharge, "", engine.Charge{Row: engine.Row{Storage: Durable, Prefix: "p", Key: onA}, Ledger: true}), nil},
+		{"grants", q(account.OpCharge, "", engine.Charge{Row: engine.Row{Storage: Durable, Prefix: "p", Key: onA}, Policy: account.Policy{Grants: true}}), nil},
+		{"the ledger", q(account.OpCharge, "", engine.Charge{Row: engine.Row{Storage: Durable, Prefix: "p", Key: onA}, Policy: account.Policy{Ledger: true}}), nil},
 	} {
 		got, _ := r.Route(tc.q)
 		if tc.name == "two keys, one node" {

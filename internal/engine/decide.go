@@ -15,8 +15,7 @@ import (
 
 // op is the account operation of q on charge c.
 func (q *Request) op(c Charge, grantID int64) account.Op {
-	op := account.Op{Kind: q.Kind, Amount: c.Cost, ID: q.ID, Retention: c.Retention,
-		GrantID: grantID, ExpiresAt: q.Expires, Ledger: c.Ledger}
+	op := account.Op{Kind: q.Kind, Amount: c.Cost, ID: q.ID, GrantID: grantID, ExpiresAt: q.Expires}
 	if q.Kind == account.OpSettle {
 		op.Amount = q.Actual
 	}
@@ -121,7 +120,7 @@ func (a *Attempt) apply(q *Request, c Charge, ns account.State, ch account.Chang
 	if ch.Reset {
 		a.resets = append(a.resets, c.Row)
 	}
-	if c.Ledger {
+	if c.Policy.Ledger {
 		for _, e := range ch.Entries {
 			a.ledger = append(a.ledger, []any{c.Row.Prefix, c.Row.Key, a.now, e.Amount, e.Kind.String(), q.ID,
 				e.Balance, e.GrantsAmount, e.Granted})

@@ -90,12 +90,9 @@ func CompareRows(a, b Row) int {
 // Charge is what a request does to one bucket: the costs of every charge of
 // the call on that bucket added up, decided by the first one's policy.
 type Charge struct {
-	Row       Row
-	Policy    account.Policy
-	Cost      int64
-	Grants    bool          // the key's grants are part of its account
-	Ledger    bool          // write ledger entries
-	Retention time.Duration // how long the bucket remembers request IDs
+	Row    Row
+	Policy account.Policy
+	Cost   int64
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part

@@ -49,6 +49,10 @@ type Observer interface {
 	Follow(a *Attempt) []Stmt
 	// Write returns the statements to write before COMMIT.
 	Write(a *Attempt) []Stmt
+	// Committed is told that a, a transaction of its own, committed
+	// (never for the caller's transaction, whose end the engine does not
+	// see).
+	Committed(a *Attempt)
 }
 
 // Now is the clock of a's decisions: the database's, read after the locks,
@@ -58,11 +62,40 @@ func (a *Attempt) Now() time.Time { return a.now }
 // Held says whether a holds r's lock (r was not skipped).
 func (a *Attempt) Held(r Row) bool { return a.state[r] != nil }
 
+// Account is r's account as a's decisions so far left it (as locked, for
+// the first request on r); the zero State when a does not hold r.
+func (a *Attempt) Account(r Row) account.State {
+	if st := a.state[r]; st != nil {
+		return *st
+	}
+	return account.State{}
+}
+
 // Data is the leases column of r as a locked it (the data of the Part that
 // decides r's charges: a key's concurrency leases, as internal/lease writes
 // them), "" when NULL or when a does not hold r. The engine reads it with
 // the lock, in the same statement, and never writes it: its Part does.
 func (a *Attempt) Data(r Row) string { return a.data[r] }
+
+// Notify has a send a notification on channel with payload, delivered by
+// PostgreSQL when a commits (never if it does not), once however often a
+// transaction asks. A part or an observer calls it from Write; the engine
+// sends every notification of a in one statement before COMMIT.
+//
+// The COMMIT of a transaction that notified waits for PostgreSQL's
+// notification queue lock, one for the whole cluster, which every other
+// committing notifier holds in turn: in a transaction of its own, that
+// statement also lifts the lock_timeout the transaction set for its row
+// locks (InsertGuard, Config.LockTimeout), so that a busy queue delays the
+// COMMIT (within the context) but never fails it as a lock timeout.
+func (a *Attempt) Notify(channel, payload string) {
+	for _, n := range a.notes {
+		if n[0] == channel && n[1] == payload {
+			return
+		}
+	}
+	a.notes = append(a.notes, []any{channel, payload})
+}
 
 // Own says whether a is a transaction of its own (else the caller's).
 func (a *Attempt) Own() bool { return a.own }
@@ -129,6 +162,13 @@ func containsObserver(os []Observer, o Observer) bool {
 		}
 	}
 	return false
+}
+
+// committed tells a's observers that a committed.
+func (a *Attempt) committed() {
+	for _, o := range a.observers() {
+		o.Committed(a)
+	}
 }
 
 // follow returns the statements of a's observers to run between decision

@@ -49,7 +49,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 		p.grants = p.grants || q.Kind == account.OpGrant
 		for _, c := range q.Charges {
 			p.rows = append(p.rows, c.Row)
-			p.spendsGrants = p.spendsGrants || c.Grants
+			p.spendsGrants = p.spendsGrants || c.Policy.Grants
 			p.readsData = p.readsData || c.Part != nil
 			noInsert = noInsert || c.NoInsert
 			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge && c.Part == nil {
@@ -113,6 +113,7 @@ type Attempt struct {
 	resets  []Row          // rows to delete
 	locals  map[any]any    // the parts' and observers' state (Local)
 	data    map[Row]string // the rows' leases column, when not NULL (Data)
+	notes   [][]any        // notifications (channel, payload), in order (Notify)
 }
 
 func (p *Plan) attempt(ctx context.Context, mode LockMode) *Attempt {
@@ -319,7 +320,8 @@ func (a *Attempt) decideAll(ex Executor) (deferred []*Request, err error) {
 
 // close returns the statements that end a: the UPDATE of the rows that
 // changed, the grants, request records and ledger rows its decisions wrote,
-// the rows they reset, and COMMIT in an own transaction.
+// the rows they reset, the parts' and observers' writes, the notifications,
+// and COMMIT in an own transaction.
 func (a *Attempt) close() []Stmt {
 	var stmts []Stmt
 	var changed []Row
@@ -353,6 +355,13 @@ func (a *Attempt) close() []Stmt {
 	}
 	for _, o := range a.observers() {
 		stmts = append(stmts, o.Write(a)...)
+	}
+	if len(a.notes) > 0 {
+		sql := sqlgen.Notify
+		if a.own {
+			sql = sqlgen.NotifyUnbounded
+		}
+		stmts = append(stmts, a.shape.Values(sql, a.notes, nil)...)
 	}
 	if a.own {
 		stmts = append(stmts, Stmt{SQL: "COMMIT"})

@@ -86,9 +86,12 @@ func (s *single) Done(_ *Plan, deferred []*Request, err error)  { s.deferred, s.
 // before it: it locks them after that one's COMMIT.
 //
 // A transaction that fails before it commits with an error that trying again
-// can cure (retryMode) is tried again on the connection, up to maxTries,
-// while no other follows it; a COMMIT the server confirmed is a commit, even
-// if the connection fails right after.
+// can cure (retryMode) is tried again on the connection, up to maxTries; a
+// COMMIT the server confirmed is a commit, even if the connection fails
+// right after. One that fails in the round trip that was to begin the next
+// is tried again waiting for its rows' locks, so that it defers nothing and
+// the next still follows it (its statements did not run); when it cannot be
+// tried again, the next begins afresh.
 func RunChain(ctx context.Context, pool *pgxpool.Pool, first *Plan, ch Chain) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -96,77 +99,97 @@ func RunChain(ctx context.Context, pool *pgxpool.Pool, first *Plan, ch Chain) {
 		return
 	}
 	defer conn.Release()
-	ex := PgxExecutor{Q: conn}
-	cur, try, opened := first.attempt(ctx, first.mode), 1, false
-	// fail rolls back cur after err and readies its next try, or reports
-	// err and says to stop.
-	fail := func(err error) bool {
-		rollback(cur.ctx, conn)
-		mode, again := retryMode(conn, err, cur.mode, try)
-		if !again {
-			ch.Done(cur.Plan, nil, err)
-			return false
+	r := &chainRun{conn: conn, ex: PgxExecutor{Q: conn}, ch: ch, cur: first.attempt(ctx, first.mode), try: 1}
+	for r.step() {
+	}
+}
+
+// chainRun is RunChain under way on conn.
+type chainRun struct {
+	conn   *pgxpool.Conn
+	ex     PgxExecutor
+	ch     Chain
+	cur    *Attempt // the transaction under way
+	try    int      // cur's try
+	opened bool     // cur's first round trip is done
+	// queued is the next transaction when cur failed in the round trip
+	// that was to begin it: it follows cur's next try.
+	queued *Attempt
+}
+
+// step runs r.cur up to its end, and the beginning of the next transaction
+// if there is one; it says whether there is more to run.
+func (r *chainRun) step() bool {
+	cur := r.cur
+	if !r.opened {
+		if _, err := r.ex.pipelineAt(cur.ctx, cur.open()); err != nil {
+			return r.fail(err)
 		}
-		cur, try, opened = cur.Plan.attempt(cur.ctx, mode), try+1, false
+		r.opened = true
+	}
+	deferred, err := cur.decide(r.ex)
+	if err != nil {
+		return r.fail(err)
+	}
+	closing := cur.close()
+	var next *Attempt
+	if r.queued != nil {
+		next, r.queued = r.queued, nil
+	} else if nxt, nctx := r.ch.Next(cur.Plan, deferred); nxt != nil {
+		next = nxt.attempt(nctx, nxt.mode)
+	}
+	if next == nil {
+		if at, err := r.ex.pipelineAt(cur.ctx, closing); err != nil && at < len(closing) {
+			return r.fail(err)
+		}
+		cur.committed()
+		r.ch.Done(cur.Plan, deferred, nil)
+		return false
+	}
+	both, cancel := FollowAll(cur.ctx, next.ctx)
+	at, err := r.ex.pipelineAt(both, append(closing, next.open()...))
+	cancel()
+	switch {
+	case err == nil:
+		cur.committed()
+		r.ch.Done(cur.Plan, deferred, nil)
+		r.cur, r.try, r.opened = next, 1, true
+		return true
+	case at < len(closing):
+		// cur failed before its COMMIT was confirmed, and next's statements
+		// were not run: next follows cur's next try, or begins afresh.
+		r.queued = next.Plan.attempt(next.ctx, next.mode)
+		return r.fail(err)
+	}
+	// cur committed; next failed to begin.
+	cur.committed()
+	r.ch.Done(cur.Plan, deferred, nil)
+	r.cur, r.try = next, 1
+	return r.fail(err)
+}
+
+// fail rolls back r.cur after err and readies its next try, or reports err
+// and readies the queued transaction; it says whether there is more to run.
+func (r *chainRun) fail(err error) bool {
+	rollback(r.cur.ctx, r.conn)
+	r.opened = false
+	if mode, again := retryMode(r.conn, err, r.cur.mode, r.try); again {
+		if r.queued != nil {
+			mode = WaitLocks // defer nothing: the queued one may share its rows
+		}
+		r.cur, r.try = r.cur.Plan.attempt(r.cur.ctx, mode), r.try+1
 		return true
 	}
-	for {
-		if !opened {
-			if _, err := ex.pipelineAt(cur.ctx, cur.open()); err != nil {
-				if !fail(err) {
-					return
-				}
-				continue
-			}
-			opened = true
-		}
-		deferred, err := cur.decide(ex)
-		if err != nil {
-			if !fail(err) {
-				return
-			}
-			continue
-		}
-		closing := cur.close()
-		nxt, nctx := ch.Next(cur.Plan, deferred)
-		if nxt == nil {
-			if at, err := ex.pipelineAt(cur.ctx, closing); err != nil && at < len(closing) {
-				if !fail(err) {
-					return
-				}
-				continue
-			}
-			ch.Done(cur.Plan, deferred, nil)
-			return
-		}
-		next := nxt.attempt(nctx, nxt.mode)
-		both, cancel := FollowAll(cur.ctx, nctx)
-		at, err := ex.pipelineAt(both, append(closing, next.open()...))
-		cancel()
-		switch {
-		case err == nil:
-			ch.Done(cur.Plan, deferred, nil)
-			cur, try, opened = next, 1, true
-		case at < len(closing):
-			// cur failed before its COMMIT was confirmed, and next's
-			// statements were not run: begin it again, unless the
-			// connection is gone.
-			rollback(cur.ctx, conn)
-			ch.Done(cur.Plan, nil, err)
-			if conn.Conn().PgConn().IsClosed() {
-				ch.Done(nxt, nil, err)
-				return
-			}
-			cur, try, opened = next, 1, false
-		default:
-			// cur committed; next failed to begin.
-			ch.Done(cur.Plan, deferred, nil)
-			cur, try = next, 1
-			if !fail(err) {
-				return
-			}
-		}
+	r.ch.Done(r.cur.Plan, nil, err)
+	if r.queued == nil {
+		return false
 	}
+	if r.conn.Conn().PgConn().IsClosed() {
+		r.ch.Done(r.queued.Plan, nil, err)
+		return false
+	}
+	r.cur, r.try, r.queued = r.queued, 1, nil
+	return true
 }
 
 // decide decides a's requests (decideAll), then runs its observers' reads

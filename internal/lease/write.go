@@ -12,8 +12,8 @@ import (
 // keys' leases, the first time a Part of a is asked (the state is shared):
 // per table, one UPDATE of the changed keys' rows (their leases, and an
 // expiry that keeps each row while its leases are
-// remembered), then the notifications of releases from full keys, which
-// PostgreSQL delivers at COMMIT, only if it commits.
+// remembered); and it has the engine notify the releases from full keys
+// (delivered at COMMIT, only if it commits).
 func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 	st := stateOf(a)
 	if st.written {
@@ -21,7 +21,6 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 	}
 	st.written = true
 	var rows [2][][]any // by storage
-	var notify [][]any
 	now := a.Now()
 	for _, r := range a.Rows() { // lock order: the same statements for the same work
 		ks := st.keys[r]
@@ -35,7 +34,7 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 		}
 		rows[r.Storage] = append(rows[r.Storage], []any{r.Prefix, r.Key, col, roundUp(keep)})
 		if ks.notify {
-			notify = append(notify, []any{sqlgen.LeaseChannel(r.Prefix), r.Key})
+			a.Notify(sqlgen.LeaseChannel(r.Prefix), r.Key)
 		}
 	}
 	var stmts []engine.Stmt
@@ -44,9 +43,6 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 		if len(vals) > 0 {
 			stmts = append(stmts, sh.Values(StatementsOf(engine.Storage(s)).Write, vals, nil)...)
 		}
-	}
-	if len(notify) > 0 {
-		stmts = append(stmts, sh.Values(sqlgen.LeaseNotify, notify, nil)...)
 	}
 	return stmts
 }

@@ -26,9 +26,6 @@ type AlertStatements struct {
 	// end, the check's time, the request ID ('' for none); it returns the
 	// event's ID.
 	InsertEvent string
-	// Notify tells listeners of the channel ($1) that events of prefix $2
-	// were written (delivered on commit).
-	Notify string
 }
 
 // Alerts are the statements of usage alerts in a check's transaction.
@@ -44,7 +41,6 @@ ON CONFLICT (prefix, key, period_start) DO UPDATE SET period_end = excluded.peri
 		InsertEvent: `INSERT INTO ` + ev + ` (kind, prefix, key, threshold, balance, remaining, capacity, period_start, period_end, at, request_id)
 VALUES ($1, $2, $3, NULLIF($4::text, '')::numeric, $5, $6, $7, $8::text::timestamptz, $9::text::timestamptz, $10::text::timestamptz, NULLIF($11::text, ''))
 RETURNING id`,
-		Notify: `SELECT pg_notify($1, $2)`,
 	}
 }()
 

@@ -53,13 +53,6 @@ FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 // LeaseTokens reads $1 new fencing tokens, in increasing order.
 var LeaseTokens = `SELECT nextval(` + quoteLiteral(LeaseTokensSequence) + `::regclass) FROM generate_series(1, $1::bigint)`
 
-// LeaseNotify sends the notification of a release: (channel, key), in the
-// transaction, so that it is delivered only if the release commits.
-var LeaseNotify = Rows{
-	One:  `SELECT pg_notify($1, $2)`,
-	Many: `SELECT pg_notify(c, k) FROM unnest($1::text::text[], $2::text::text[]) AS r(c, k)`,
-}
-
 // LeaseChannel is the LISTEN/NOTIFY channel of the releases of prefix's
 // leases: a fixed name and a hash of the prefix (a channel name is at most
 // 63 bytes), so that another prefix on the same channel only costs a waiter

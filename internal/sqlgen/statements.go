@@ -398,6 +398,23 @@ var setConfigs = func() (sqls [7]string) {
 // column as an array.
 type Rows struct{ One, Many string }
 
+// Notify sends notifications (channel, payload), in the transaction, so
+// that PostgreSQL delivers them when it commits, and only then: a lease's
+// release, the events an alert wrote.
+var Notify = Rows{
+	One:  `SELECT pg_notify($1, $2)`,
+	Many: `SELECT pg_notify(c, p) FROM unnest($1::text::text[], $2::text::text[]) AS r(c, p)`,
+}
+
+// NotifyUnbounded is Notify in a transaction of our own: it also lifts the
+// transaction's lock_timeout, which bounds its waits for row locks, so that
+// its COMMIT's wait for the notification queue lock (every notifying
+// transaction of the cluster takes it in turn) is never cut short.
+var NotifyUnbounded = Rows{
+	One:  `SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true)`,
+	Many: `SELECT pg_notify(c, p), set_config('lock_timeout', '0', true) FROM unnest($1::text::text[], $2::text::text[]) AS r(c, p)`,
+}
+
 // Requests and Ledger are the statements of request IDs and the
 // ledger. A request row holds its record (see record.go): kind, cost (the
 // amount), the first outcome's remaining and granted, settled (NULL, or the

@@ -59,10 +59,11 @@ type ConsumerConfig struct {
 	// batch is rolled back and delivered again. Defaults to 1 minute.
 	HandlerTimeout time.Duration
 
-	// MaxAttempts is how many times an event is tried before the consumer
-	// gives up on it: it stays undelivered, with its last error, for
-	// List or SQL to show (and cleanup never deletes it). Defaults
-	// to 25.
+	// MaxAttempts is how many deliveries of an event may end in a handler
+	// error (Event.Attempts: one cut short by a crash is not counted)
+	// before the consumer gives up on it: it stays undelivered, with its
+	// last error, for List or SQL to show (and cleanup never deletes
+	// it). Defaults to 25.
 	MaxAttempts int
 
 	// Backoff is how long after its n-th failed attempt (n >= 1) an event

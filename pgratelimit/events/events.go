@@ -64,9 +64,12 @@ type Event struct {
 	At time.Time
 	// RequestID is the charge's (pgratelimit.WithRequestID), or "".
 	RequestID string
-	// Attempts is how many deliveries have been tried: for a handler, the
-	// failed ones before this one; in List, every one (the one that
-	// delivered it too). LastError is the last failed one's error.
+	// Attempts is how many deliveries have ended (the handler returned,
+	// failed or panicked): for a handler, the failed ones before this one;
+	// in List, every one (the one that delivered it too). A delivery
+	// cut short (its consumer's process or connection died) commits
+	// nothing and is not counted. LastError is the last failed one's
+	// error.
 	Attempts  int
 	LastError string
 	// DeliveredAt is when a Consumer's handler accepted the event (the
