@@ -76,7 +76,7 @@ type handler struct {
 }
 
 // NewHandler validates cfg and returns the UI's handler. Its errors are
-// *pgratelimit.ConfigError, naming the field.
+// *pgratelimit.ConfigError, naming the field ("Config.Pool").
 func NewHandler(cfg Config) (http.Handler, error) {
 	h := &handler{cfg: cfg, log: cfg.Logger, limiters: map[string]*pgratelimit.Limiter{},
 		semaphores: map[string]*pgratelimit.Semaphore{}}
@@ -88,7 +88,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	}
 	h.cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
 	if h.cfg.Prefix != "" && !strings.HasPrefix(h.cfg.Prefix, "/") {
-		return nil, &pgratelimit.ConfigError{Field: "Prefix", Reason: fmt.Sprintf("must start with /, got %q", cfg.Prefix)}
+		return nil, &pgratelimit.ConfigError{Field: "Config.Prefix", Reason: fmt.Sprintf("must start with /, got %q", cfg.Prefix)}
 	}
 	pages, err := parsePages()
 	if err != nil {
@@ -103,7 +103,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 // by prefix.
 func (h *handler) index() error {
 	bad := func(field, format string, args ...any) error {
-		return &pgratelimit.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+		return &pgratelimit.ConfigError{Field: "Config." + field, Reason: fmt.Sprintf(format, args...)}
 	}
 	if h.cfg.Pool == nil {
 		return bad("Pool", "is nil")

@@ -145,12 +145,12 @@ func TestConfig(t *testing.T) {
 		cfg   Config
 		field string
 	}{
-		{Config{Limiters: ls}, "Pool"},
-		{Config{Pool: pool}, "Limiters"},
-		{Config{Pool: pool, Limiters: []*pgratelimit.Limiter{l, nil}}, "Limiters[1]"},
-		{Config{Pool: pool, Limiters: []*pgratelimit.Limiter{l, l}}, "Limiters[1]"},
-		{Config{Pool: pool, Semaphores: []*pgratelimit.Semaphore{nil}}, "Semaphores[0]"},
-		{Config{Pool: pool, Limiters: ls, Prefix: "admin"}, "Prefix"},
+		{Config{Limiters: ls}, "Config.Pool"},
+		{Config{Pool: pool}, "Config.Limiters"},
+		{Config{Pool: pool, Limiters: []*pgratelimit.Limiter{l, nil}}, "Config.Limiters[1]"},
+		{Config{Pool: pool, Limiters: []*pgratelimit.Limiter{l, l}}, "Config.Limiters[1]"},
+		{Config{Pool: pool, Semaphores: []*pgratelimit.Semaphore{nil}}, "Config.Semaphores[0]"},
+		{Config{Pool: pool, Limiters: ls, Prefix: "admin"}, "Config.Prefix"},
 	} {
 		_, err := NewHandler(c.cfg)
 		var ce *pgratelimit.ConfigError

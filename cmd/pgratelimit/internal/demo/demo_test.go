@@ -121,7 +121,7 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"soon"}}, &errBody))
 	require.Contains(t, errBody["error"], `Interval must be a positive duration such as 1s, 500ms or 1m, got "soon"`)
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"1ns"}}, &errBody))
-	require.Equal(t, "invalid config: Interval must be a whole number of microseconds, got 1ns", errBody["error"])
+	require.Equal(t, "invalid config: Config.Interval must be a whole number of microseconds, got 1ns", errBody["error"])
 
 	var p policyJSON
 	require.Equal(t, 200, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"4"}, "refill": {"2"}, "interval": {"1h"}, "storage": {"durable"}}, &p))
