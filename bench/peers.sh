@@ -17,9 +17,9 @@
 # Leases, 1 of 8 units per key acquired and released at once: leases leases-per-check
 # (ours_leases: pgratelimit bench --leases), redis_sem (a Redis counting semaphore).
 # It installs what is missing (Debian's postgresql, redis-server, nodejs and npm; the npm
-# packages of bench/rlf; the Go modules of bench/), builds this repository's CLI and the
-# redis_rate and redis_sem contenders, then runs the harness, `pgratelimit bench peers` (the CLI's
-# cmd/pgratelimit/internal/bench/peers): a throwaway PostgreSQL and Redis on loopback,
+# packages of bench/rlf; the Go modules of bench/), builds this repository's CLI, the
+# harness (bench/peers) and the redis_rate and redis_sem contenders, then runs the harness:
+# a throwaway PostgreSQL and Redis on loopback,
 # stopped and removed at the end, on Ctrl-C too. Results: a markdown table per scenario
 # on stdout, and bench/results/peers-<time>.{md,json}. See bench/README.md.
 set -euo pipefail
@@ -78,9 +78,10 @@ if $node && { [ ! -f "$here/rlf/node_modules/.package-lock.json" ] ||
   (cd "$here/rlf" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 fi
 
-# 3. This repository's CLI (through go.work, so the library in this tree), which holds
-#    the harness and pgratelimit's own contenders (`pgratelimit bench`), and the redis_rate
-#    and redis_sem contenders (bench/'s own module: go-redis stays out of the library's go.mod).
+# 3. This repository's CLI (through go.work, so the library in this tree), whose load
+#    benchmark (`pgratelimit bench`) is pgratelimit's contenders, and the harness and the
+#    redis_rate and redis_sem contenders (bench/'s own module: go-redis stays out of the
+#    library's go.mod).
 # OURS_BIN=path runs the contenders of pgratelimit (coalesce, per-check, async, leases,
 # leases-per-check) with a pgratelimit binary built elsewhere (another commit, say); the
 # harness is this tree's.
@@ -92,8 +93,8 @@ if [ -n "${OURS_BIN:-}" ]; then
   log "pgratelimit contenders: $OURS_BIN"
   ours=(--ours "$(cd "$(dirname "$OURS_BIN")" && pwd)/$(basename "$OURS_BIN")")
 fi
-log "building bench/redisrate and bench/redissem"
-(cd "$here" && GOWORK=off go build -o "$here/.bin/" ./redisrate ./redissem)
+log "building bench/peers, bench/redisrate and bench/redissem"
+(cd "$here" && GOWORK=off go build -o "$here/.bin/" ./peers ./redisrate ./redissem)
 
 # 4. Run. The harness owns the servers from here on (and stops them on Ctrl-C).
-exec "$here/.bin/pgratelimit" bench peers --root "$root" --pgbin "$pgbin" --bindir "$here/.bin" "${ours[@]}" "$@"
+exec "$here/.bin/peers" --root "$root" --pgbin "$pgbin" --bindir "$here/.bin" "${ours[@]}" "$@"

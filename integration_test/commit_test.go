@@ -117,7 +117,7 @@ func TestAsyncCommitRefusedForMoney(t *testing.T) {
 	require.Equal(t, int64(10), r.Remaining, "nothing was charged")
 }
 
-// What a crash of the server (pg_ctl stop -m immediate) under load loses: an
+// What a crash of the server (an immediate shutdown) under load loses: an
 // asynchronous limiter at most the checks acknowledged in the last moments
 // (the documented window: three times wal_writer_delay, here with a margin),
 // a synchronous one none.
@@ -154,7 +154,7 @@ func TestAsyncCommitCrash(t *testing.T) {
 		}
 		time.Sleep(1500 * time.Millisecond)
 		crashed := time.Now()
-		require.NoError(t, in.PgCtl(ctx, "restart", "-m", "immediate"))
+		require.NoError(t, in.Restart(ctx, "immediate"))
 		stop.Store(true)
 		wg.Wait()
 		pool.Reset()

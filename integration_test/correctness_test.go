@@ -107,16 +107,25 @@ func TestAllowNTxGridStartsAtTheCheck(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1`) // the transaction starts now()
 	require.NoError(t, err)
 	time.Sleep(1200 * time.Millisecond)
+	var before, after time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before))
 	r, err := l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "new", 1)
 	require.NoError(t, err)
 	require.True(t, r.Allowed)
-	var at time.Time
-	require.NoError(t, tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&at))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after))
 	// Refills fall on whole 2s since the epoch, reckoned from the check's
-	// clock (not the transaction's start, 1.2s earlier): the bucket is full
-	// again at the first of them after the check.
-	next := at.Truncate(2 * time.Second).Add(2 * time.Second)
-	require.InDelta(t, next.Sub(at), r.ResetAfter, float64(100*time.Millisecond))
+	// clock (not the transaction's start, 1.2s or more earlier): the bucket
+	// is full again at the first of them after the check, so the check's
+	// clock, that grid point less ResetAfter, lies between before and after
+	// (to the millisecond, however long the check took).
+	require.Positive(t, r.ResetAfter)
+	require.LessOrEqual(t, r.ResetAfter, 2*time.Second)
+	found := false
+	for _, next := range []time.Time{before.Truncate(2 * time.Second).Add(2 * time.Second), after.Truncate(2 * time.Second).Add(2 * time.Second)} {
+		at := next.Add(-r.ResetAfter)
+		found = found || !at.Before(before.Add(-time.Millisecond)) && !at.After(after.Add(time.Millisecond))
+	}
+	require.True(t, found, "ResetAfter %s: the check's clock is not between %s and %s", r.ResetAfter, before, after)
 	require.NoError(t, tx.Commit(ctx))
 }
 

@@ -115,7 +115,7 @@ func TestExactlyOnceUnderFaults(t *testing.T) {
 		switch {
 		case !restarted && time.Until(end) < 2500*time.Millisecond:
 			restarted = true
-			require.NoError(t, in.PgCtl(ctx, "restart", "-m", "fast"))
+			require.NoError(t, in.Restart(ctx, "fast"))
 		case n%3 == 0:
 			name := fmt.Sprintf("reset-%d", n)
 			_, err := proxy.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(

@@ -14,6 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// lateness is how long after its deadline a call may come back and still be
+// said to have honoured it: generous, for a busy machine under -race; a call
+// that waits for the database instead of its deadline waits until the test
+// lets it go, far longer.
+const lateness = 10 * time.Second
+
 // load runs checks from workers goroutines until stop is closed, each with
 // its own deadline, and records what came back.
 type load struct {
@@ -43,7 +49,7 @@ func (ld *load) run(l *pgratelimit.Limiter, workers int, key string, deadline ti
 				if d := int64(took); d > ld.worst.Load() {
 					ld.worst.Store(d)
 				}
-				if took > deadline+time.Second {
+				if took > deadline+lateness {
 					ld.overdue.Add(1)
 				}
 				switch {
@@ -82,7 +88,7 @@ func TestRestartUnderLoad(t *testing.T) {
 			wg := ld.run(l, 32, "k", 2*time.Second, stop)
 			time.Sleep(500 * time.Millisecond)
 			before := ld.allowed.Load() + ld.denied.Load()
-			require.NoError(t, in.PgCtl(context.Background(), "restart", "-m", mode))
+			require.NoError(t, in.Restart(context.Background(), mode))
 			ld.mark.Store(true)
 			require.Eventually(t, func() bool { return ld.okAfter.Load() > 100 }, 30*time.Second, 10*time.Millisecond,
 				"checks succeed again after the restart")
@@ -119,7 +125,7 @@ func TestEphemeralAfterCrash(t *testing.T) {
 		require.True(t, r.Allowed)
 		ls = append(ls, l)
 	}
-	require.NoError(t, in.PgCtl(ctx, "restart", "-m", "immediate"))
+	require.NoError(t, in.Restart(ctx, "immediate"))
 	pool.Reset() // drop the dead connections
 	durable, err := ls[0].Peek(ctx, "k")
 	require.NoError(t, err)
@@ -214,7 +220,7 @@ func TestDeadlinesWhileBlocked(t *testing.T) {
 				start := time.Now()
 				r, err := l.Allow(cctx, key)
 				cancel()
-				if time.Since(start) > 300*time.Millisecond+time.Second {
+				if time.Since(start) > 300*time.Millisecond+lateness {
 					late.Add(1)
 				}
 				switch {
@@ -268,7 +274,7 @@ func TestPoolExhausted(t *testing.T) {
 			if _, err := l.Allow(cctx, "k"); err != nil {
 				errs.Add(1)
 			}
-			if time.Since(start) > 200*time.Millisecond+time.Second {
+			if time.Since(start) > 200*time.Millisecond+lateness {
 				late.Add(1)
 			}
 		}()

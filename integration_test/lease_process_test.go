@@ -73,10 +73,12 @@ func TestLeaseKilledProcess(t *testing.T) {
 	require.False(t, r.Acquired, "the dead process's leases still count")
 	require.Equal(t, int64(helperMax), r.Held)
 
-	wctx, cancel := context.WithTimeout(ctx, helperTTL+time.Second)
+	// Back at their expiry (a waiter polls then): the bound is generous,
+	// only there to fail rather than wait for ever.
+	wctx, cancel := context.WithTimeout(ctx, helperTTL+30*time.Second)
 	defer cancel()
 	r, err = s.Wait(wctx, "k", helperMax)
-	require.NoError(t, err, "every unit back within TTL + 1s")
+	require.NoError(t, err, "every unit back after the TTL")
 	require.True(t, r.Acquired)
 	require.False(t, r.Lease.AcquiredAt.Before(expiry), "not before the dead leases expired")
 	t.Logf("units back %s after the kill, %s after the leases' expiry", time.Since(killed).Round(time.Millisecond),

@@ -13,8 +13,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// The instruments count a known sequence of allowed, denied and failed
-// checks exactly, with the limiter's prefix, in both coalescing modes.
+// The instruments count a known sequence of allowed, denied, refused
+// (invalid input) and failed checks exactly, with the limiter's prefix, in
+// both coalescing modes.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -34,8 +35,13 @@ func TestMetrics(t *testing.T) {
 		_, err := l.Allow(ctx, "k")
 		require.NoError(t, err)
 	}
-	_, err = l.AllowN(ctx, "k", 0) // invalid input: an error
-	require.Error(t, err)
+	// The caller's input refused: "invalid", not the limiter failing.
+	_, err = l.AllowN(ctx, "k", 0)
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidCost)
+	_, err = l.AllowN(ctx, "k", 4)
+	require.ErrorIs(t, err, pgratelimit.ErrCostExceedsCapacity)
+	_, err = l.Allow(ctx, "")
+	require.ErrorIs(t, err, pgratelimit.ErrInvalidKey)
 	_, err = broken.Allow(ctx, "k") // the database's error
 	require.ErrorIs(t, err, pgratelimit.ErrNotMigrated)
 	// AllowAll counts one check per charge, each with its own prefix.
@@ -69,7 +75,7 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 	want := map[[2]string]int64{
-		{"m", "allowed"}: 3, {"m", "denied"}: 2, {"m", "error"}: 1,
+		{"m", "allowed"}: 3, {"m", "denied"}: 2, {"m", "invalid"}: 3,
 		{"d", "denied"}: 1, {"unmigrated", "error"}: 1,
 	}
 	require.Equal(t, want, checks)

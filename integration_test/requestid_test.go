@@ -226,6 +226,8 @@ func TestSettle(t *testing.T) {
 	require.Equal(t, int64(75), r.Remaining, "15 back")
 	again, err := l.Settle(ctx, "k", "llm-1", 25)
 	require.NoError(t, err)
+	require.True(t, again.Replayed)
+	r.Replayed = true
 	require.Equal(t, r, again, "settled before: the first settlement's outcome")
 	_, err = l.Settle(ctx, "k", "llm-1", 5)
 	require.ErrorIs(t, err, pgratelimit.ErrRequestMismatch, "settled before at another cost")

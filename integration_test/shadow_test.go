@@ -84,7 +84,7 @@ func TestShadowMetrics(t *testing.T) {
 	want := map[point]int64{
 		{"s", "allowed", true}: 1, {"s", "allowed", false}: 1,
 		{"s", "denied", true}: 2, {"s", "denied", false}: 1,
-		{"s", "error", true}: 1, {"unmigrated", "error", true}: 1,
+		{"s", "invalid", true}: 1, {"unmigrated", "error", true}: 1,
 	}
 	require.Equal(t, want, checks)
 	wantDurations := map[point]uint64{}

@@ -133,6 +133,10 @@ type LeaseResult struct {
 	// leases expire for this weight, if none is released or extended
 	// before (releases usually come sooner). Zero when acquired.
 	RetryAfter time.Duration
+	// Replayed says the acquisition is a replay: its request ID
+	// (WithRequestID) named a live lease of the key, which Lease is, and
+	// nothing was taken or written now (Held counts that lease once).
+	Replayed bool
 }
 
 // Semaphore limits how much of something runs at once per key: a key has
@@ -254,7 +258,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	s.metrics.record(q.Ctx, key, q.Allowed, out)
-	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter}
+	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter, Replayed: out.Replayed}
 	if q.Allowed {
 		res.Lease = leaseOf(key, out.Lease)
 	}

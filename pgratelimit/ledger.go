@@ -45,7 +45,7 @@ func (l *Limiter) Settle(ctx context.Context, key, requestID string, actual int6
 	if err := l.run(q, l.settings(), false, "settle "+quoteKey(key)); err != nil {
 		return Result{}, err
 	}
-	return resultOf(q.Outcomes[0]), nil
+	return decidedResult(q.Outcomes[0]), nil
 }
 
 // Debit takes n from key whatever it holds: from the bucket's tokens first,

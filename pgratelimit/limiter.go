@@ -268,6 +268,23 @@ type Result struct {
 	// Granted is the credits the key's live grants hold after this check,
 	// beyond Remaining (limiters with Config.Grants; 0 otherwise).
 	Granted int64
+	// FromGrants is how much of this charge the key's live grants paid
+	// (Config.Grants): the cost less what the bucket's tokens paid, for an
+	// allowed check or a Debit. For a Settle it is the grants' part of the
+	// settlement's difference: what the grants paid of a cost above the
+	// estimate, or, negative, what went back to them of a cost below it.
+	// A replay reports what the grants paid the first time (a Settle's
+	// replay, what its settlement's difference did). 0 for a denial, a Refund, a Reset, a Peek, and on a
+	// limiter without grants. In AllowAll, charges of one bucket are
+	// decided as one, and each of their Results reports their sum's.
+	FromGrants int64
+	// Replayed says the Result is a replay: the call's request ID
+	// (WithRequestID) had been seen on the key, so this is the first
+	// call's Result, bit for bit, and nothing was taken, written or
+	// changed now (for a Settle: the request was settled before at the
+	// same actual cost). A denial is never recorded, so it is never
+	// replayed; neither is a Peek.
+	Replayed bool
 }
 
 // Limiter is a token-bucket rate limiter whose buckets live in PostgreSQL,
@@ -490,7 +507,7 @@ func (l *Limiter) change(ctx context.Context, kind account.Kind, key string, n i
 	if err := l.run(q, l.settings(), false, what); err != nil {
 		return Result{}, err
 	}
-	return resultOf(q.Outcomes[0]), nil
+	return decidedResult(q.Outcomes[0]), nil
 }
 
 // changeRequest is the request of a change: kind on key for n.
@@ -513,6 +530,14 @@ func quoteKey(key string) string { return engine.QuoteKey(key) }
 func resultOf(o account.Outcome) Result {
 	return Result{Allowed: o.Allowed, Limit: o.Limit, Remaining: o.Remaining, RetryAfter: o.RetryAfter,
 		ResetAfter: o.ResetAfter, Granted: o.Granted}
+}
+
+// decidedResult is the Result of an outcome the engine decided: with what
+// the model said of it besides.
+func decidedResult(o engine.Outcome) Result {
+	r := resultOf(o.Outcome)
+	r.FromGrants, r.Replayed = o.FromGrants, o.Replayed
+	return r
 }
 
 // errAsyncID is the error of a call with a request ID on a limiter with

@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -18,8 +19,7 @@ type instruments struct {
 	// The attribute set of each result, as the option lists Add and Record
 	// take (passed whole, so a call allocates no list), and the same with
 	// pgratelimit.shadow=true for the checks of WithShadow contexts.
-	allowed, denied, errored outcome
-	shadow                   struct{ allowed, denied, errored outcome }
+	plain, shadow results
 	// seen is batchSize as a func value, made once (a method value
 	// allocates at each use).
 	seen func(ctx context.Context, n int)
@@ -28,6 +28,23 @@ type instruments struct {
 type outcome struct {
 	add    []metric.AddOption
 	record []metric.RecordOption
+}
+
+// results are the attribute sets of the results: allowed, denied, invalid
+// (the caller's input refused: isInvalid) and error (the limiter failing).
+type results struct{ allowed, denied, invalid, errored outcome }
+
+// isInvalid says err refuses the caller's input (a bad key, cost or request
+// ID, a cost above capacity, a request ID reused for another call), which
+// the metrics count as result "invalid", apart from the limiter failing
+// ("error").
+func isInvalid(err error) bool {
+	for _, e := range []error{ErrInvalidKey, ErrInvalidCost, ErrCostExceedsCapacity, ErrInvalidRequestID, ErrRequestMismatch} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 const meterName = "github.com/pgratelimit/pgratelimit"
@@ -41,7 +58,7 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 	// The API returns a working no-op instrument along with any error, so
 	// a provider that refuses one only loses that instrument.
 	in.checks, _ = m.Int64Counter("pgratelimit.checks", metric.WithUnit("{check}"),
-		metric.WithDescription("Checks decided, one per charge of AllowAll, by limiter prefix and result (allowed, denied, error)."))
+		metric.WithDescription("Checks decided, one per charge of AllowAll, by limiter prefix and result (allowed, denied, invalid: the caller's input refused, error: the limiter failing)."))
 	in.duration, _ = m.Float64Histogram("pgratelimit.check.duration", metric.WithUnit("s"),
 		metric.WithDescription("How long a check took, from the call to its result, by limiter prefix and result."))
 	in.batch, _ = m.Int64Histogram("pgratelimit.batch.size", metric.WithUnit("{check}"),
@@ -52,57 +69,53 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 			attribute.String("pgratelimit.result", result)}, extra...)...))
 		return outcome{[]metric.AddOption{o}, []metric.RecordOption{o}}
 	}
-	in.allowed, in.denied, in.errored = set("allowed"), set("denied"), set("error")
-	shadow := attribute.Bool("pgratelimit.shadow", true)
-	in.shadow.allowed, in.shadow.denied, in.shadow.errored = set("allowed", shadow), set("denied", shadow), set("error", shadow)
+	sets := func(extra ...attribute.KeyValue) results {
+		return results{set("allowed", extra...), set("denied", extra...), set("invalid", extra...), set("error", extra...)}
+	}
+	in.plain, in.shadow = sets(), sets(attribute.Bool("pgratelimit.shadow", true))
 	in.seen = in.batchSize
 	return in
 }
 
 // outcomes are the attribute sets of a check made with ctx: the shadow ones
 // for a WithShadow context.
-func (in *instruments) outcomes(ctx context.Context) (allowed, denied, errored outcome) {
+func (in *instruments) outcomes(ctx context.Context) results {
 	if isShadow(ctx) {
-		return in.shadow.allowed, in.shadow.denied, in.shadow.errored
+		return in.shadow
 	}
-	return in.allowed, in.denied, in.errored
+	return in.plain
 }
 
 func (in *instruments) batchSize(ctx context.Context, n int) {
 	in.batch.Record(ctx, int64(n))
 }
 
-// record counts a finished call: one check per charge, each recorded by its
-// own limiter, with pgratelimit.shadow=true when ctx comes from WithShadow.
+// record counts a finished call (or one refused before any database
+// access): one check per charge with a Limiter, each recorded by its own
+// limiter, with pgratelimit.shadow=true when ctx comes from WithShadow.
 // (A context that has ended does not stop a measurement: the API records
 // regardless of it.)
 func record(ctx context.Context, start time.Time, m MultiResult, err error, charges []Charge) {
 	secs := time.Since(start).Seconds()
 	for _, c := range charges {
+		if c.lim == nil {
+			continue // a Semaphore's: its own instruments
+		}
 		in := c.lim.metrics
-		allowed, denied, attrs := in.outcomes(ctx)
+		rs := in.outcomes(ctx)
+		var attrs outcome
 		switch {
+		case err != nil && isInvalid(err):
+			attrs = rs.invalid
 		case err != nil:
+			attrs = rs.errored
 		case m.Allowed:
-			attrs = allowed
+			attrs = rs.allowed
 		default:
-			attrs = denied
+			attrs = rs.denied
 		}
 		in.checks.Add(ctx, 1, attrs.add...)
 		in.duration.Record(ctx, secs, attrs.record...)
-	}
-}
-
-// recordInvalid counts a call refused for its input as an error of each
-// charge that has a limiter.
-func recordInvalid(ctx context.Context, start time.Time, charges []Charge) {
-	secs := time.Since(start).Seconds()
-	for _, c := range charges {
-		if l := c.lim; l != nil {
-			_, _, errored := l.metrics.outcomes(ctx)
-			l.metrics.checks.Add(ctx, 1, errored.add...)
-			l.metrics.duration.Record(ctx, secs, errored.record...)
-		}
 	}
 }
 
@@ -118,7 +131,7 @@ func cleanupCounter(mp metric.MeterProvider) metric.Int64Counter {
 
 // recordDenied counts a check that the deny cache denied, started at start.
 func (in *instruments) recordDenied(ctx context.Context, start time.Time) {
-	_, denied, _ := in.outcomes(ctx)
+	denied := in.outcomes(ctx).denied
 	in.checks.Add(ctx, 1, denied.add...)
 	in.duration.Record(ctx, time.Since(start).Seconds(), denied.record...)
 }

@@ -96,7 +96,7 @@ func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error
 	start := time.Now()
 	cl, _, err := newCall(ctx, tx, charges)
 	if err != nil {
-		recordInvalid(ctx, start, charges)
+		record(ctx, start, MultiResult{}, err, charges)
 		return MultiResult{}, err
 	}
 	var m MultiResult
@@ -105,7 +105,7 @@ func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error
 		m = cl.result()
 		cl.recordLeases(charges, m)
 	}
-	record(ctx, start, m, err, limiterCharges(charges))
+	record(ctx, start, m, err, charges)
 	return m, err
 }
 
@@ -159,7 +159,7 @@ func (cl call) result() MultiResult {
 	results := make([]Result, len(q.Outcomes))
 	var retry time.Duration
 	for i, o := range q.Outcomes {
-		results[i] = resultOf(o)
+		results[i] = decidedResult(o)
 		retry = max(retry, results[i].RetryAfter)
 	}
 	m := MultiResult{Allowed: q.Allowed, Results: results}
@@ -196,6 +196,7 @@ func (cl call) leases(results []Result) []Lease {
 		case c.Part == nil || !ok:
 		case q.Allowed:
 			ls[j] = leaseOf(c.Row.Key, out.Lease)
+			results[j].Replayed = out.Replayed
 		case results[j].Allowed && !out.Replayed:
 			// This lease alone fitted, another charge did not: nothing
 			// was taken.
@@ -231,23 +232,6 @@ func (cl call) run(charges []Charge, tx *Tx) error {
 		seen = l.metrics.seen
 	}
 	return client.run(cl.q, set, seen, co, "check")
-}
-
-// limiterCharges are the charges of charges with a Limiter (for the
-// limiters' metrics).
-func limiterCharges(charges []Charge) []Charge {
-	for i, c := range charges {
-		if c.lim == nil {
-			out := slices.Clone(charges[:i])
-			for _, c := range charges[i:] {
-				if c.lim != nil {
-					out = append(out, c)
-				}
-			}
-			return out
-		}
-	}
-	return charges
 }
 
 // owner is the client and the caller's transaction (nil: none) of c's

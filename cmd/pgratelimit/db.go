@@ -5,14 +5,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
+
+// explainf is err of the library told in the command's words (errors.Is
+// still finds err, for --json's error code).
+func explainf(err error, format string, args ...any) error {
+	return clierr.Explained{Msg: fmt.Sprintf(format, args...), Err: err}
+}
 
 // errTimedOut is the cause of a command's context that passed its --timeout.
 var errTimedOut = errors.New("--timeout passed")
@@ -55,7 +63,12 @@ func (f *flags) url() (string, error) {
 		u = f.c.getenv("DATABASE_URL")
 	}
 	if u == "" {
-		return "", errors.New("no database: set --database-url or DATABASE_URL")
+		return "", usagef("no database: set --database-url or DATABASE_URL")
+	}
+	// A URL of another database (mysql://...) is said so, rather than as
+	// whatever pgx makes of it. (pgx reads key=value strings too.)
+	if scheme, _, ok := strings.Cut(u, "://"); ok && scheme != "postgres" && scheme != "postgresql" {
+		return "", usagef("the database URL is a %s:// URL: pgratelimit needs PostgreSQL, a postgres:// (or postgresql://) URL such as postgres://user:password@localhost:5432/app", scheme)
 	}
 	return u, nil
 }
@@ -100,46 +113,63 @@ func (f *flags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 // grants says whether the command's limiter has grants: durable storage.
 func (f *flags) grants() bool { return f.storage == "durable" }
 
-// config is the limiter Config of the policy flags, checked in their terms
-// (the library would name Config fields instead).
+// config is the limiter Config of the policy flags. The library checks it
+// (New); configError says what it found in the flags' terms.
 func (f *flags) config() (pgratelimit.Config, error) {
 	cfg := pgratelimit.Config{Prefix: f.prefix, Capacity: f.capacity, Refill: f.refill, Interval: f.interval}
-	switch f.storage {
-	case "durable":
-		cfg.Storage = pgratelimit.Durable
-		// The CLI sees and spends grants as a limiter with Config.Grants does,
-		// and records what it changes in the ledger.
-		cfg.Grants, cfg.Ledger = true, true
-	case "ephemeral":
-		cfg.Storage = pgratelimit.Ephemeral
-	default:
-		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
+	var err error
+	if cfg.Storage, err = f.storageFlag(); err != nil {
+		return cfg, err
 	}
-	if !f.hasPolicy {
+	// The CLI sees and spends grants as a limiter with Config.Grants does,
+	// and records what it changes in the ledger (durable storage only).
+	cfg.Grants, cfg.Ledger = f.grants(), f.grants()
+	if !f.hasPolicy || f.every == "" {
 		return cfg, nil
 	}
-	switch {
-	case f.prefix == "":
-		return cfg, usagef("--prefix must not be empty")
-	case f.capacity < 1:
-		return cfg, usagef("--capacity must be at least 1, got %d", f.capacity)
-	case f.refill < 1:
-		return cfg, usagef("--refill must be at least 1, got %d", f.refill)
-	case f.every != "":
-		if f.Changed("interval") {
-			return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
-		}
-		cal, err := f.calendar()
-		if err != nil {
-			return cfg, err
-		}
-		cfg.Calendar, cfg.Interval = cal, 0
-	case f.interval <= 0:
-		return cfg, usagef("--interval must be positive, got %s", f.interval)
-	case f.interval%time.Microsecond != 0:
-		return cfg, usagef("--interval must be a whole number of microseconds, got %s", f.interval)
+	if f.Changed("interval") {
+		return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
 	}
+	cal, err := f.calendar()
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Calendar, cfg.Interval = cal, 0
 	return cfg, nil
+}
+
+// storageFlag is --storage's Storage.
+func (f *flags) storageFlag() (pgratelimit.Storage, error) {
+	switch f.storage {
+	case "durable":
+		return pgratelimit.Durable, nil
+	case "ephemeral":
+		return pgratelimit.Ephemeral, nil
+	}
+	return 0, usagef("--storage must be durable or ephemeral, got %q", f.storage)
+}
+
+// configFlags are the flags of the Config and SemaphoreConfig fields that
+// the commands set, by pgratelimit.ConfigError.Field.
+var configFlags = map[string]string{
+	"Config.Prefix": "--prefix", "Config.Capacity": "--capacity", "Config.Refill": "--refill", "Config.Interval": "--interval",
+	"Config.Calendar.Every": "--every", "Config.Storage": "--storage",
+	"SemaphoreConfig.Prefix": "--prefix", "SemaphoreConfig.Max": "--max", "SemaphoreConfig.TTL": "--ttl",
+	"SemaphoreConfig.Storage": "--storage", "SemaphoreConfig.MaxWait": "--timeout",
+}
+
+// configError is err of pgratelimit.New or NewSemaphore in the flags'
+// terms: the field the library's ConfigError names becomes its flag
+// ("--capacity must be > 0, got 0").
+func configError(err error) error {
+	var ce *pgratelimit.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	if fl, ok := configFlags[ce.Field]; ok {
+		return usagef("%s %s", fl, ce.Reason)
+	}
+	return usagef("%s %s", ce.Field, ce.Reason)
 }
 
 // calendar reads --every, --tz and --anchor.
@@ -186,7 +216,7 @@ func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(
 	l, err = pgratelimit.New(pool, cfg)
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, nil, configError(err)
 	}
 	return l, pool.Close, nil
 }

@@ -81,6 +81,9 @@ func runEvents(ctx context.Context, c *cli, args []string) int {
 		}
 		return exitOK
 	}
+	if len(evs) == 0 && !f.json {
+		fmt.Fprintf(c.stderr, "pgratelimit events: no events%s yet; waiting for new ones (Ctrl-C to stop)\n", filterText(filter))
+	}
 	return f.followEvents(ctx, pool, filter, p)
 }
 

@@ -137,12 +137,7 @@ func TestEventsFollow(t *testing.T) {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var out, stderr lockedBuffer
-	getenv := func(k string) string {
-		if k == "DATABASE_URL" {
-			return url
-		}
-		return ""
-	}
+	getenv := databaseURL(url)
 	done := make(chan int, 1)
 	go func() { done <- run(fctx, []string{"events", "--follow", "--prefix", "follow"}, &out, &stderr, getenv) }()
 	lines := func(n int) []string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,9 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/pflag"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/migrations"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
 // flags is a command's flag set (spf13/pflag) plus the options most
@@ -49,6 +53,36 @@ type flags struct {
 	// dbctx is the context that withTimeout made, which explain reads to
 	// tell the command's timeout from other deadlines.
 	dbctx context.Context
+	// inputs name the library's errors of bad input by the flag or
+	// argument that gave it (see input).
+	inputs []input
+}
+
+// input is a flag or argument of the command line, name, and the library's
+// errors that say its value is out of range (ErrInvalidCost...).
+type input struct {
+	name string
+	errs []error
+}
+
+// input notes that the library's errors errs are about name's value: fail
+// reports them as usage errors that name it. The library checks the values;
+// the command does not repeat its rules.
+func (f *flags) input(name string, errs ...error) {
+	f.inputs = append(f.inputs, input{name, errs})
+}
+
+// usageOf returns err as a usage error naming its input, if it is one of
+// the library's errors noted by input; else err.
+func (f *flags) usageOf(err error) error {
+	for _, in := range f.inputs {
+		for _, e := range in.errs {
+			if errors.Is(err, e) {
+				return clierr.UsageError{Msg: in.name + ": " + clierr.Text(err), Err: err}
+			}
+		}
+	}
+	return err
 }
 
 // defaultConnectTimeout is --connect-timeout's default: a server that
@@ -110,6 +144,16 @@ func usagef(format string, args ...any) error { return clierr.Usagef(format, arg
 // flags), and checks the number of positional arguments is between minArgs
 // and maxArgs. --help (-h) prints the command's help and returns errHelp.
 func (f *flags) parse(args []string, minArgs, maxArgs int) ([]string, error) {
+	// --json also makes the errors of the command line JSON, those found
+	// before pflag reaches it too.
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		if a == "--json" || a == "-json" || a == "--json=true" {
+			f.json = f.Lookup("json") != nil
+		}
+	}
 	if err := f.Parse(f.prepareArgs(args)); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			f.printHelp(f.c.stdout)
@@ -265,16 +309,74 @@ func (f *flags) printHelp(w io.Writer) {
 }
 
 // fail reports err on stderr, in the user's terms (a usage error with the
-// command's usage line and where to get help), and returns the exit status
-// for it.
+// command's usage line and where to get help; with --json, the JSON object
+// errorJSON), and returns the exit status for it.
 func (f *flags) fail(err error) int {
 	if errors.Is(err, errHelp) {
 		return exitOK
 	}
-	fmt.Fprintf(f.c.stderr, "pgratelimit %s: %s\n", f.Name(), f.explain(err))
+	err = f.usageOf(err)
+	msg := f.explain(err)
+	if f.json {
+		_ = json.NewEncoder(f.c.stderr).Encode(errorJSON{Error: msg, Code: f.errorCode(err)})
+		return exitError
+	}
+	fmt.Fprintf(f.c.stderr, "pgratelimit %s: %s\n", f.Name(), msg)
 	var ue clierr.UsageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(f.c.stderr, "usage: pgratelimit %s %s\nRun 'pgratelimit %s --help' for its flags.\n", f.cmd.name, f.cmd.args, f.cmd.name)
 	}
 	return exitError
+}
+
+// errorJSON is an error with --json, on stderr: its message (the line the
+// text output prints after the command's name) and a code that says what
+// kind it is (errorCodes; "usage" for a mistake in the command line,
+// "error" for any other).
+type errorJSON struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+// errorCodes are the codes of errorJSON for the library's errors, the
+// first that an error is wins.
+var errorCodes = []struct {
+	err  error
+	code string
+}{
+	{pgratelimit.ErrNotMigrated, "not_migrated"},
+	{pgratelimit.ErrInvalidConfig, "invalid_config"},
+	{pgratelimit.ErrInvalidKey, "invalid_key"},
+	{pgratelimit.ErrInvalidCost, "invalid_cost"},
+	{pgratelimit.ErrCostExceedsCapacity, "cost_exceeds_capacity"},
+	{pgratelimit.ErrInvalidRequestID, "invalid_request_id"},
+	{pgratelimit.ErrInvalidArgument, "invalid_argument"}, // after the precise ones it covers
+	{pgratelimit.ErrRequestMismatch, "request_mismatch"},
+	{pgratelimit.ErrUnknownRequest, "unknown_request"},
+	{pgratelimit.ErrGrantExpired, "grant_expired"},
+	{pgratelimit.ErrLockTimeout, "lock_timeout"},
+	{migrations.ErrNoCitus, "no_citus"},
+}
+
+// errorCode is err's code for errorJSON: the library's error it is, else
+// usage, timeout (--timeout), connect, interrupted or error.
+func (f *flags) errorCode(err error) string {
+	for _, c := range errorCodes {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	var ue clierr.UsageError
+	var ce *pgconn.ConnectError
+	switch {
+	case errors.As(err, &ue):
+		return "usage"
+	case f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut):
+		return "timeout"
+	case errors.As(err, &ce):
+		return "connect"
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	}
+	return "error"
 }

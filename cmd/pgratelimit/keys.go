@@ -11,27 +11,37 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-// withLimiter runs a command that works on a limiter: it parses nargs
-// positional arguments, runs check on them (if not nil), opens the limiter
-// and runs fn, which returns the exit status.
+// withLimiter runs a command that works on a limiter (runOn).
 func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) int {
+	open := func(ctx context.Context, pos []string) (*pgratelimit.Limiter, func(), error) {
+		if check != nil {
+			if err := check(pos); err != nil {
+				return nil, nil, err
+			}
+		}
+		return f.limiter(ctx)
+	}
+	return runOn(f, ctx, args, nargs, open, fn)
+}
+
+// runOn runs a command that works on a limiter or a semaphore: it parses
+// nargs positional arguments, opens what the command works on with them
+// (checking them first), and runs fn on it within --timeout; fn returns the
+// exit status.
+func runOn[T any](f *flags, ctx context.Context, args []string, nargs int,
+	open func(ctx context.Context, pos []string) (T, func(), error), fn func(ctx context.Context, t T, pos []string) (int, error)) int {
 	pos, err := f.parse(args, nargs, nargs)
 	if err != nil {
 		return f.fail(err)
 	}
-	if check != nil {
-		if err := check(pos); err != nil {
-			return f.fail(err)
-		}
-	}
-	l, done, err := f.limiter(ctx)
+	t, done, err := open(ctx, pos)
 	if err != nil {
 		return f.fail(err)
 	}
 	defer done()
 	ctx, cancel := f.withTimeout(ctx)
 	defer cancel()
-	code, err := fn(ctx, l, pos)
+	code, err := fn(ctx, t, pos)
 	if err != nil {
 		return f.fail(err)
 	}
@@ -39,11 +49,12 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 }
 
 // resultJSON is a check's, a peek's, a refund's or a settlement's result
-// for --json. Allowed is only a check's; Cost and Refunded say what was
-// asked; Replayed (a check's and a settlement's) says the request ID had
-// been seen: the result is the first one's, and nothing was charged now;
-// FromGrants is the part of an allowed check's cost its grants paid, when
-// known.
+// for --json: Result's fields. Allowed is only a check's; Cost and Refunded
+// say what was asked; Replayed says the request ID had been seen: the
+// result is the first one's, and nothing was charged now (Result.Replayed);
+// FromGrants is the part of the cost the grants paid (Result.FromGrants: 0
+// when denied); RetryAfterMS is null when refills alone never allow the
+// check (Result.RetryAfter == InfDuration).
 type resultJSON struct {
 	Key          string `json:"key"`
 	Allowed      *bool  `json:"allowed,omitempty"`
@@ -53,15 +64,26 @@ type resultJSON struct {
 	Limit        int64  `json:"limit"`
 	Remaining    int64  `json:"remaining"`
 	Granted      int64  `json:"granted"`
-	FromGrants   *int64 `json:"from_grants,omitempty"`
+	FromGrants   int64  `json:"from_grants"`
 	RequestID    string `json:"request_id,omitempty"`
-	Replayed     *bool  `json:"replayed,omitempty"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
+	Replayed     bool   `json:"replayed"`
+	RetryAfterMS *int64 `json:"retry_after_ms"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
 }
 
 func newResultJSON(key string, r pgratelimit.Result) resultJSON {
-	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, Granted: r.Granted, RetryAfterMS: r.RetryAfter.Milliseconds(), ResetAfterMS: r.ResetAfter.Milliseconds()}
+	return resultJSON{Key: key, Limit: r.Limit, Remaining: r.Remaining, Granted: r.Granted, FromGrants: r.FromGrants, Replayed: r.Replayed,
+		RetryAfterMS: msOrNever(r.RetryAfter), ResetAfterMS: r.ResetAfter.Milliseconds()}
+}
+
+// msOrNever is a wait in milliseconds for --json, or nil (null) for
+// pgratelimit.InfDuration: never.
+func msOrNever(d time.Duration) *int64 {
+	if d == pgratelimit.InfDuration {
+		return nil
+	}
+	ms := d.Milliseconds()
+	return &ms
 }
 
 // holding says what a key holds: "3 of 10 tokens", with its debt while it
@@ -105,59 +127,23 @@ func plural(n int64, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
-// lookupRequest returns what the database remembers of request ID id on
-// key, or nil if it remembers nothing (or id is "").
-func lookupRequest(ctx context.Context, l *pgratelimit.Limiter, key, id string) (*pgratelimit.RequestRecord, error) {
-	if id == "" {
-		return nil, nil
-	}
+// mismatchText says what request ID id on key names, for the error of a
+// call that named something else (ErrRequestMismatch): "a charge of 40".
+// It reads the record only then, after the error, to say what it holds
+// ("another operation" if it cannot).
+func mismatchText(ctx context.Context, l *pgratelimit.Limiter, key, id string) (pgratelimit.RequestRecord, string) {
 	rec, err := l.LookupRequest(ctx, key, id)
-	switch {
-	case errors.Is(err, pgratelimit.ErrUnknownRequest):
-		return nil, nil
-	case err != nil:
-		return nil, err
-	}
-	return &rec, nil
-}
-
-// recordText says what a request ID's record names: "a charge of 40".
-func recordText(rec *pgratelimit.RequestRecord) string {
-	switch rec.Kind {
-	case "charge", "debit", "refund", "grant":
-		return fmt.Sprintf("a %s of %d", rec.Kind, rec.Amount)
-	}
-	return fmt.Sprintf("%s %d", rec.Kind, rec.Amount)
-}
-
-// fromGrants returns the part of the allowed check r of cost on key that
-// its grants paid, and whether it is known. A check takes from the bucket
-// first, so none when the bucket has tokens left, nor on a limiter without
-// grants; else the check's ledger row says (the CLI's durable limiters
-// write one): the latest charge of cost with the request ID id on key,
-// since a little before the check, that left what r reports.
-func fromGrants(ctx context.Context, l *pgratelimit.Limiter, f *flags, key, id string, cost int64, r pgratelimit.Result, before time.Time) (int64, bool) {
-	if r.Remaining > 0 || !f.grants() {
-		return 0, true
-	}
-	es, err := l.Ledger(ctx, key, before.Add(-time.Minute)) // (the database's clock may be a little behind this one)
 	if err != nil {
-		return 0, false
+		return rec, "another operation or amount"
 	}
-	for i := len(es) - 1; i >= 0; i-- {
-		e := es[i]
-		if e.Kind == "charge" && e.Amount == -cost && e.RequestID == id && e.Granted == r.Granted && e.Balance-e.Granted == r.Remaining {
-			return -e.GrantsAmount, true
-		}
-	}
-	return 0, false
+	return rec, fmt.Sprintf("a %s of %d", rec.Kind, rec.Amount)
 }
 
 // tookText says where an allowed check's cost came from: nothing when the
-// grants paid none (or it is not known), else what they paid.
-func tookText(cost, fromGrants int64, known bool) string {
+// grants paid none, else what they paid.
+func tookText(cost, fromGrants int64) string {
 	switch {
-	case !known || fromGrants <= 0:
+	case fromGrants <= 0:
 		return ""
 	case fromGrants >= cost:
 		return " (all from grants)"
@@ -169,58 +155,28 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "allow").withPolicy()
 	cost := f.Int64("cost", 1, "tokens to take (above --capacity only with grants: durable storage)")
 	requestID := f.String("request-id", "", "an idempotency key: a repeat with the same ID and cost charges nothing and prints the first outcome, saying it was replayed")
-	check := func([]string) error {
-		switch {
-		case *cost < 1:
-			return usagef("--cost must be at least 1, got %d", *cost)
-		case *cost > f.capacity && f.capacity > 0 && !f.grants():
-			// (With durable storage the CLI's limiter has grants, which may
-			// cover such a cost: the library decides.)
-			return usagef("--cost %d is more than the bucket's capacity (--capacity %d): with --storage ephemeral, which has no grants, such a check could never be allowed", *cost, f.capacity)
-		}
-		return nil
-	}
-	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+	f.input("--cost", pgratelimit.ErrInvalidCost, pgratelimit.ErrCostExceedsCapacity)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
+	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, id := pos[0], *requestID
 		if id != "" {
 			ctx = pgratelimit.WithRequestID(ctx, id)
 		}
-		// A request ID the database remembers makes the check a replay:
-		// the library returns the first outcome and charges nothing.
-		rec, err := lookupRequest(ctx, l, key, id)
-		if err != nil {
-			return 0, err
-		}
-		before := time.Now()
 		r, err := l.AllowN(ctx, key, *cost)
 		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
-			what := "another operation or cost"
-			if rec != nil && (rec.Kind != "charge" || rec.Amount != *cost) {
-				what = recordText(rec)
-			}
-			return 0, fmt.Errorf("request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
+			_, what := mismatchText(ctx, l, key, id)
+			return 0, explainf(err, "request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
 		}
 		if err != nil {
 			return 0, err
 		}
-		// A replay returns the recorded outcome bit for bit (a record that
-		// expired in between would let the check charge afresh instead).
-		replayed := rec != nil && r == rec.Result
-		// The waits count from the check (for the moments they end at): from
-		// just before it was sent, or for a replay from when the first
-		// outcome happened.
-		now := before
-		var from int64
-		known := false
-		if replayed {
-			now = rec.At
-		} else if r.Allowed {
-			from, known = fromGrants(ctx, l, f, key, id, *cost, r, before)
-		}
+		// The waits count from now (for a replay: the first outcome's
+		// waits, counted from now).
+		now := time.Now()
 		var line string
 		if r.Allowed {
 			line = fmt.Sprintf("allowed: took %s from %q%s: %d of %d left%s, %s",
-				plural(*cost, "token", "tokens"), key, tookText(*cost, from, known), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
+				plural(*cost, "token", "tokens"), key, tookText(*cost, r.FromGrants), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
 		} else {
 			line = fmt.Sprintf("denied: %q has %s, not the %d asked for (nothing taken); %s",
 				key, holding(r), *cost, retryText(r, now))
@@ -228,14 +184,10 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		switch {
 		case f.json:
 			j := newResultJSON(key, r)
-			j.Allowed, j.Cost, j.RequestID, j.Replayed = &r.Allowed, *cost, id, &replayed
-			if known {
-				j.FromGrants = &from
-			}
+			j.Allowed, j.Cost, j.RequestID = &r.Allowed, *cost, id
 			f.printJSON(j)
-		case replayed:
-			fmt.Fprintf(c.stdout, "replayed: request %q was already charged at %s (nothing taken now); its outcome then: %s\n",
-				id, rec.At.Local().Format(time.DateTime+" MST"), line)
+		case r.Replayed:
+			fmt.Fprintf(c.stdout, "replayed: request %q was already charged (nothing taken now); its outcome then: %s\n", id, line)
 		default:
 			fmt.Fprintln(c.stdout, line)
 		}
@@ -306,15 +258,12 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 	var n int64
 	check := func(pos []string) error {
 		var err error
-		n, err = strconv.ParseInt(pos[1], 10, 64)
-		switch {
-		case err != nil:
+		if n, err = strconv.ParseInt(pos[1], 10, 64); err != nil {
 			return usagef("N, the tokens to give back, must be a whole number, got %q", pos[1])
-		case n < 1:
-			return usagef("N, the tokens to give back, must be at least 1, got %d (allow KEY --cost N takes tokens)", n)
 		}
 		return nil
 	}
+	f.input("N", pgratelimit.ErrInvalidCost)
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, before := pos[0], time.Now()
 		r, err := l.Refund(ctx, key, n)
@@ -353,6 +302,7 @@ func runReset(ctx context.Context, c *cli, args []string) int {
 func runGrant(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "grant").withPolicy()
 	expires := f.String("expires", "", "when the grant expires: an RFC 3339 time, a date (midnight UTC), or a duration from now such as 720h (default: never)")
+	requestID := f.String("request-id", "", "an idempotency key (a payment's ID): a repeat with the same ID, N and --expires grants nothing more and prints the grant made the first time")
 	var n int64
 	var until time.Time
 	check := func(pos []string) error {
@@ -361,19 +311,26 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 		switch {
 		case err != nil:
 			return usagef("N, the credits to grant, must be a whole number, got %q", pos[1])
-		case n < 1:
-			return usagef("N, the credits to grant, must be at least 1, got %d", n)
 		case !f.grants():
 			return usagef("grants are kept for durable storage only (--storage durable)")
 		}
 		until, err = parseExpiry(*expires, time.Now())
 		return err
 	}
+	f.input("N", pgratelimit.ErrInvalidCost)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
 	return f.withLimiter(ctx, args, 2, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		key := pos[0]
+		key, id := pos[0], *requestID
+		if id != "" {
+			ctx = pgratelimit.WithRequestID(ctx, id)
+		}
 		g, err := l.Grant(ctx, key, n, until)
+		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
+			_, what := mismatchText(ctx, l, key, id)
+			return 0, explainf(err, "request ID %q was used on %q for %s, not this grant of %d: nothing granted (a repeat needs the same N and --expires, given as a time rather than a duration from now; a new grant needs a new ID)", id, key, what, n)
+		}
 		if errors.Is(err, pgratelimit.ErrGrantExpired) {
-			return 0, fmt.Errorf("the grant's expiry, %s, is not in the future (by the database's clock): a grant is spent only before its expiry, so nothing was granted (give a later --expires)", until.Local().Format(time.DateTime+" MST"))
+			return 0, explainf(err, "the grant's expiry, %s, is not in the future (by the database's clock): a grant is spent only before its expiry, so nothing was granted (give a later --expires)", until.Local().Format(time.DateTime+" MST"))
 		}
 		if err != nil {
 			return 0, err
@@ -383,7 +340,11 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 			return 0, err
 		}
 		if f.json {
-			f.printJSON(map[string]any{"key": key, "grant": grantJSONOf(g), "granted": r.Granted, "remaining": r.Remaining, "limit": r.Limit})
+			j := map[string]any{"key": key, "grant": grantJSONOf(g), "granted": r.Granted, "remaining": r.Remaining, "limit": r.Limit}
+			if id != "" {
+				j["request_id"] = id
+			}
+			f.printJSON(j)
 			return exitOK, nil
 		}
 		repaid := ""
@@ -454,44 +415,39 @@ func grantJSONOf(g pgratelimit.Grant) grantJSON {
 func runSettle(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "settle").withPolicy()
 	requestID := f.String("request-id", "", "the request ID of the estimate's check (required)")
-	actual := f.Int64("actual", -1, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
+	actual := f.Int64("actual", 0, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
 	check := func([]string) error {
 		switch {
-		case *requestID == "":
+		case !f.Changed("request-id"):
 			return usagef("--request-id is required: the ID the estimate was taken with (allow --request-id)")
-		case *actual < 0:
+		case !f.Changed("actual"):
 			return usagef("--actual is required: the actual cost, 0 or more")
 		}
 		return nil
 	}
+	f.input("--actual", pgratelimit.ErrInvalidCost)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
 	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		key, id := pos[0], *requestID
-		// A request already settled at this cost makes this a replay: the
-		// library returns the first settlement and changes nothing.
-		rec, err := lookupRequest(ctx, l, key, id)
-		if err != nil {
-			return 0, err
-		}
 		r, err := l.Settle(ctx, key, id, *actual)
 		switch {
 		case errors.Is(err, pgratelimit.ErrUnknownRequest):
-			return 0, fmt.Errorf("no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
-		case errors.Is(err, pgratelimit.ErrRequestMismatch) && rec != nil && rec.Settled:
-			return 0, fmt.Errorf("request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
-		case errors.Is(err, pgratelimit.ErrRequestMismatch) && rec != nil:
-			return 0, fmt.Errorf("request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, recordText(rec), key)
+			return 0, explainf(err, "no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
 		case errors.Is(err, pgratelimit.ErrRequestMismatch):
-			return 0, fmt.Errorf("request %q of %q was settled already at another cost, or names another operation: nothing changed", id, key)
+			rec, what := mismatchText(ctx, l, key, id)
+			if rec.Settled {
+				return 0, explainf(err, "request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
+			}
+			return 0, explainf(err, "request ID %q names %s on %q: only a charge or a debit is settled (nothing changed)", id, what, key)
 		case err != nil:
 			return 0, err
 		}
-		replayed := rec != nil && rec.Settled && r == rec.Settlement
 		switch {
 		case f.json:
 			j := newResultJSON(key, r)
-			j.RequestID, j.Actual, j.Replayed = id, actual, &replayed
+			j.RequestID, j.Actual = id, actual
 			f.printJSON(j)
-		case replayed:
+		case r.Replayed:
 			fmt.Fprintf(c.stdout, "replayed: request %q of %q was already settled at %d (nothing changed now); then it left %s%s\n",
 				id, key, *actual, holding(r), debtText(r))
 		default:

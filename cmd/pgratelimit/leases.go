@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -41,92 +40,45 @@ func (f *flags) withLeasePolicy() *flags {
 	return f
 }
 
-// semaphoreConfig is the SemaphoreConfig of the lease flags and o, checked
-// in their terms (the library would name SemaphoreConfig fields instead).
-func (f *flags) semaphoreConfig(o leaseOpts) (pgratelimit.SemaphoreConfig, error) {
-	cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
-	switch f.storage {
-	case "durable":
-		cfg.Storage = pgratelimit.Durable
-	case "ephemeral":
-		cfg.Storage = pgratelimit.Ephemeral
-	default:
-		return cfg, usagef("--storage must be durable or ephemeral, got %q", f.storage)
-	}
-	if f.prefix == "" {
-		return cfg, usagef("--prefix must not be empty")
-	}
-	return cfg, nil
-}
-
-// withSemaphore runs a lease command: it parses nargs positional
-// arguments, runs check on them, which returns the semaphore's Max and
-// TTL, opens the semaphore and runs fn, which returns the exit status.
+// withSemaphore runs a lease command (runOn): check reads the positional
+// arguments and returns the semaphore's Max and TTL.
 func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, check func(pos []string) (leaseOpts, error),
 	fn func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error)) int {
-	pos, err := f.parse(args, nargs, nargs)
-	if err != nil {
-		return f.fail(err)
+	open := func(ctx context.Context, pos []string) (*pgratelimit.Semaphore, func(), error) {
+		o, err := check(pos)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
+		if cfg.Storage, err = f.storageFlag(); err != nil {
+			return nil, nil, err
+		}
+		pool, err := f.pool(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		s, err := pgratelimit.NewSemaphore(pool, cfg)
+		if err != nil {
+			pool.Close()
+			return nil, nil, configError(err)
+		}
+		return s, pool.Close, nil
 	}
-	o, err := check(pos)
-	if err != nil {
-		return f.fail(err)
-	}
-	cfg, err := f.semaphoreConfig(o)
-	if err != nil {
-		return f.fail(err)
-	}
-	pool, err := f.pool(ctx)
-	if err != nil {
-		return f.fail(err)
-	}
-	defer pool.Close()
-	s, err := pgratelimit.NewSemaphore(pool, cfg)
-	if err != nil {
-		return f.fail(err)
-	}
-	ctx, cancel := f.withTimeout(ctx)
-	defer cancel()
-	code, err := fn(ctx, s, pos)
-	if err != nil {
-		return f.fail(err)
-	}
-	return code
+	return runOn(f, ctx, args, nargs, open, fn)
 }
 
-// checkMax reads a --max that a command needs (required) or may take.
-func checkMax(f *flags, max int64, required bool) error {
-	switch {
-	case !f.Changed("max") && required:
+// checkMax says a --max that a command needs (required) is missing.
+func checkMax(f *flags, required bool) error {
+	if !f.Changed("max") && required {
 		return usagef("--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)")
-	case f.Changed("max") && max < 1:
-		return usagef("--max must be at least 1, got %d", max)
 	}
 	return nil
 }
 
-// checkTTL reads a required --ttl.
-func checkTTL(f *flags, ttl time.Duration, what string) error {
-	switch {
-	case !f.Changed("ttl"):
+// checkTTL says a required --ttl is missing.
+func checkTTL(f *flags, what string) error {
+	if !f.Changed("ttl") {
 		return usagef("--ttl is required: %s, such as 30s (SemaphoreConfig.TTL)", what)
-	case ttl <= 0:
-		return usagef("--ttl must be positive, got %s", ttl)
-	case ttl%time.Microsecond != 0:
-		return usagef("--ttl must be a whole number of microseconds, got %s", ttl)
-	}
-	return nil
-}
-
-// checkID checks a lease ID (or a request ID, which names its lease)
-// before any database access: not empty, valid UTF-8 (argv holds no NUL);
-// the library says when it is too long (ErrInvalidRequestID).
-func checkID(what, id string) error {
-	switch {
-	case id == "":
-		return usagef("%s must not be empty", what)
-	case !utf8.ValidString(id):
-		return usagef("%s is not valid UTF-8", what)
 	}
 	return nil
 }
@@ -149,7 +101,7 @@ func units(n int64) string { return plural(n, "unit", "units") }
 func expiresIn(l pgratelimit.Lease, now time.Time) time.Duration { return max(l.ExpiresAt.Sub(now), 0) }
 
 // liveLease returns key's live lease id, or nil if it has none (or id is
-// "").
+// ""): release tells by it whether the lease was held.
 func liveLease(ctx context.Context, s *pgratelimit.Semaphore, key, id string) (*pgratelimit.Lease, error) {
 	if id == "" {
 		return nil, nil
@@ -192,7 +144,7 @@ type acquireJSON struct {
 	Weight       int64  `json:"weight"`
 	Held         int64  `json:"held"`
 	Limit        int64  `json:"limit"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
+	RetryAfterMS *int64 `json:"retry_after_ms"` // null: never
 	Waited       bool   `json:"waited,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
 	Replayed     *bool  `json:"replayed,omitempty"`
@@ -211,23 +163,15 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 	requestID := f.String("request-id", "", "an idempotency key, which becomes the lease's ID: a repeat while the lease lives takes nothing and prints it, saying it was replayed")
 	wait := f.Bool("wait", false, "wait for free units (woken by releases) up to --timeout, instead of exiting 1 at once")
 	check := func([]string) (leaseOpts, error) {
-		if err := checkMax(f, *max, true); err != nil {
+		if err := checkMax(f, true); err != nil {
 			return leaseOpts{}, err
 		}
-		if err := checkTTL(f, *ttl, "how long a lease counts unless extended"); err != nil {
+		if err := checkTTL(f, "how long a lease counts unless extended"); err != nil {
 			return leaseOpts{}, err
-		}
-		switch {
-		case *weight < 1:
-			return leaseOpts{}, usagef("--weight must be at least 1, got %d", *weight)
-		case *weight > *max:
-			return leaseOpts{}, usagef("--weight %d is more than --max %d: such a lease could never be acquired", *weight, *max)
-		case *requestID != "":
-			if err := checkID("--request-id", *requestID); err != nil {
-				return leaseOpts{}, err
-			}
 		}
 		o := leaseOpts{max: *max, ttl: *ttl}
+		f.input("--weight", pgratelimit.ErrInvalidCost, pgratelimit.ErrCostExceedsCapacity)
+		f.input("--request-id", pgratelimit.ErrInvalidRequestID)
 		if *wait && f.timeout > 0 {
 			o.maxWait, f.grace = f.timeout, waitGrace
 		}
@@ -236,27 +180,17 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 	return f.withSemaphore(ctx, args, 1, check,
 		func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 			key, id := pos[0], *requestID
-			// A live lease of the request ID makes the acquisition a replay:
-			// the library returns that lease and takes nothing.
-			prior, err := liveLease(ctx, s, key, id)
-			if err != nil {
-				return 0, err
-			}
 			if id != "" {
 				ctx = pgratelimit.WithRequestID(ctx, id)
 			}
 			r, gaveUp, err := takeLease(ctx, s, key, *weight, *wait)
 			switch {
 			case errors.Is(err, pgratelimit.ErrRequestMismatch):
-				what := "another weight"
-				if prior != nil {
-					what = "weight " + strconv.FormatInt(prior.Weight, 10)
-				}
-				return 0, fmt.Errorf("request ID %q holds a live lease of %q of %s, not %d: nothing taken (a new lease needs a new ID)", id, key, what, *weight)
+				return 0, explainf(err, "request ID %q holds a live lease of %q of another weight, not %d: nothing taken (a new lease needs a new ID)", id, key, *weight)
 			case err != nil:
 				return 0, err
 			}
-			a := acquisition{key: key, weight: *weight, requestID: id, r: r, prior: prior, gaveUp: gaveUp, waited: f.timeout}
+			a := acquisition{key: key, weight: *weight, requestID: id, r: r, gaveUp: gaveUp, waited: f.timeout}
 			a.print(f)
 			if !r.Acquired {
 				return exitDenied, nil
@@ -281,14 +215,12 @@ func takeLease(ctx context.Context, s *pgratelimit.Semaphore, key string, weight
 }
 
 // acquisition is what acquire did, to print: r, on key, for weight and
-// requestID; prior is the request ID's live lease before, if it had one;
-// gaveUp says a wait of waited found no free units.
+// requestID; gaveUp says a wait of waited found no free units.
 type acquisition struct {
 	key       string
 	weight    int64
 	requestID string
 	r         pgratelimit.LeaseResult
-	prior     *pgratelimit.Lease
 	gaveUp    bool
 	waited    time.Duration
 }
@@ -296,14 +228,14 @@ type acquisition struct {
 // print prints the acquisition: with the lease ID first when acquired.
 func (a acquisition) print(f *flags) {
 	r, l, now := a.r, a.r.Lease, time.Now()
-	replayed := a.prior != nil && r.Acquired && l.Token == a.prior.Token
+	replayed := r.Replayed
 	left := l.ExpiresAt.Sub(l.AcquiredAt) // the TTL, by the database's clock
 	if replayed {
 		left = expiresIn(l, now)
 	}
 	if f.json {
 		j := acquireJSON{Key: a.key, Acquired: r.Acquired, Weight: a.weight, Held: r.Held, Limit: r.Limit,
-			RetryAfterMS: r.RetryAfter.Milliseconds(), Waited: a.gaveUp, RequestID: a.requestID}
+			RetryAfterMS: msOrNever(r.RetryAfter), Waited: a.gaveUp, RequestID: a.requestID}
 		if r.Acquired {
 			j.leaseJSON = leaseJSONOf(l, left)
 		}
@@ -352,16 +284,14 @@ func runRelease(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "release").withLeasePolicy()
 	max := f.Int64("max", 0, "the semaphore's Max: the release then wakes waiters (acquire --wait, Semaphore.Wait) only when the key was full (default: whenever it releases a lease)")
 	check := func(pos []string) (leaseOpts, error) {
-		if err := checkMax(f, *max, false); err != nil {
-			return leaseOpts{}, err
-		}
+		f.input("LEASE-ID", pgratelimit.ErrInvalidRequestID)
 		// A Max of 1 makes every key with a live lease full: the release of
 		// one notifies the waiters. The TTL plays no part in a release.
 		o := leaseOpts{max: 1, ttl: time.Second}
 		if f.Changed("max") {
 			o.max = *max
 		}
-		return o, checkID("LEASE-ID", pos[1])
+		return o, nil
 	}
 	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key, id := pos[0], pos[1]
@@ -400,10 +330,9 @@ func runExtend(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "extend").withLeasePolicy()
 	ttl := f.Duration("ttl", 0, "how long the lease counts from now (SemaphoreConfig.TTL: the one it was acquired with; required)")
 	check := func(pos []string) (leaseOpts, error) {
-		if err := checkTTL(f, *ttl, "how long the lease counts from now"); err != nil {
-			return leaseOpts{}, err
-		}
-		return leaseOpts{max: 1, ttl: *ttl}, checkID("LEASE-ID", pos[1]) // (Max plays no part in an extension)
+		f.input("LEASE-ID", pgratelimit.ErrInvalidRequestID)
+		// (Max plays no part in an extension.)
+		return leaseOpts{max: 1, ttl: *ttl}, checkTTL(f, "how long the lease counts from now")
 	}
 	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key, id := pos[0], pos[1]
@@ -448,7 +377,11 @@ func runLeases(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "leases").withLeasePolicy()
 	max := f.Int64("max", 0, "the semaphore's Max, to show the units held of it")
 	check := func([]string) (leaseOpts, error) {
-		return leaseOpts{max: 1, ttl: time.Second}, checkMax(f, *max, false) // (listing reads the leases as they are)
+		o := leaseOpts{max: 1, ttl: time.Second} // (listing reads the leases as they are)
+		if f.Changed("max") {
+			o.max = *max // (checked by the library all the same)
+		}
+		return o, nil
 	}
 	return f.withSemaphore(ctx, args, 1, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key := pos[0]

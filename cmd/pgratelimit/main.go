@@ -33,8 +33,12 @@ func main() {
 	os.Exit(code)
 }
 
-// cli is one invocation: its output streams and environment.
+// cli is one invocation: its streams and environment. terminal says stdin
+// is a terminal, where a person can answer a question (migrate down asks
+// one).
 type cli struct {
+	stdin          io.Reader
+	terminal       bool
 	stdout, stderr io.Writer
 	getenv         func(string) string
 }
@@ -45,7 +49,7 @@ type cli struct {
 // refund, reset, grant, balance, settle, ledger), leases.go (acquire,
 // release, extend, leases), events.go (events),
 // migrate.go (migrate, cleanup), throwaway.go (db), demo.go and bench.go
-// (wiring for packages demo, bench and peers).
+// (wiring for packages demo and bench), version.go (version).
 type command struct {
 	name, args, summary string
 	run                 func(ctx context.Context, c *cli, args []string) int
@@ -64,7 +68,7 @@ func commands() []command {
 		{"allow", "KEY [--cost N]", "check KEY and take its cost if allowed (exit 1 when denied; --request-id ID: once per ID)", runAllow, 10 * time.Second, "", ""},
 		{"peek", "KEY", "show KEY's bucket without taking anything", runPeek, 10 * time.Second, "", ""},
 		{"refund", "KEY N", "give N tokens back to KEY's bucket", runRefund, 10 * time.Second, "", ""},
-		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T)", runGrant, 10 * time.Second, "", ""},
+		{"grant", "KEY N [--expires T]", "grant KEY N credits beyond its bucket, spent after it (until T; --request-id ID: once per ID)", runGrant, 10 * time.Second, "", ""},
 		{"balance", "KEY", "show KEY's bucket and each of its live grants", runBalance, 10 * time.Second, "", ""},
 		{"settle", "KEY --request-id ID --actual N", "bring the charge of request ID to its actual cost N", runSettle, 10 * time.Second, "", ""},
 		{"ledger", "KEY [--since T]", "list KEY's ledger: charges, debits, refunds, grants, settlements, resets, grant expiries and plan changes", runLedger, 10 * time.Second, "", ""},
@@ -82,6 +86,7 @@ func commands() []command {
 			"give up on starting the server and applying the migrations after D; 0: never", dbMore},
 		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
 			"give up on the database work of the set-up and of each request after D; 0: never", ""},
+		{"version", "", "print the CLI's module version and the VCS revision it was built from", runVersion, 0, "", ""},
 		{"bench", "[flags]", "measure checks per second under load (--leases: acquire+release pairs of leases)", runBench, time.Minute,
 			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never", benchMore},
 	}
@@ -114,15 +119,22 @@ func usage(w io.Writer) {
 // run runs the command args name and returns its exit status: main's body,
 // with the streams and environment as arguments for the tests.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	c := &cli{stdout: stdout, stderr: stderr, getenv: getenv}
+	st, err := os.Stdin.Stat()
+	terminal := err == nil && st.Mode()&os.ModeCharDevice != 0
+	return runCLI(ctx, &cli{stdin: os.Stdin, terminal: terminal, stdout: stdout, stderr: stderr, getenv: getenv}, args)
+}
+
+// runCLI runs the command args name in c and returns its exit status.
+func runCLI(ctx context.Context, c *cli, args []string) int {
+	stdout, stderr := c.stdout, c.stderr
 	if len(args) == 0 {
 		usage(stderr)
 		return exitError
 	}
 	switch args[0] {
 	case "help", "-h", "-help", "--help":
-		if len(args) >= 2 && args[0] == "help" { // help COMMAND, help bench peers
-			return run(ctx, append(args[1:len(args):len(args)], "--help"), stdout, stderr, getenv)
+		if len(args) >= 2 && args[0] == "help" { // help COMMAND
+			return runCLI(ctx, c, append(args[1:len(args):len(args)], "--help"))
 		}
 		usage(stdout)
 		return exitOK

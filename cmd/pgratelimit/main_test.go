@@ -51,16 +51,23 @@ func startCLI(t *testing.T, url string, args ...string) (*exec.Cmd, *bufio.Scann
 	return cmd, bufio.NewScanner(out)
 }
 
-// pgrl runs the CLI in-process with DATABASE_URL set to url.
-func pgrl(url string, args ...string) (code int, stdout, stderr string) {
-	var out, errOut bytes.Buffer
-	getenv := func(k string) string {
+// databaseURL is an environment with DATABASE_URL set to url, and nothing
+// else.
+func databaseURL(url string) func(string) string {
+	return func(k string) string {
 		if k == "DATABASE_URL" {
 			return url
 		}
 		return ""
 	}
-	code = run(context.Background(), args, &out, &errOut, getenv)
+}
+
+// pgrl runs the CLI in-process with DATABASE_URL set to url.
+func pgrl(url string, args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	getenv := databaseURL(url)
+	// Not a terminal, whatever the test's stdin is: nothing asks.
+	code = runCLI(context.Background(), &cli{stdin: strings.NewReader(""), stdout: &out, stderr: &errOut, getenv: getenv}, args)
 	return code, out.String(), errOut.String()
 }
 
@@ -129,11 +136,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"allow", "a", "b"}, "too many arguments"},
 		{[]string{"allow", "k", "--cost", "many"}, `--cost wants a whole number, got "many"`},
 		{[]string{"allow", "k", "--cost"}, "--cost needs a value"},
-		{[]string{"allow", "k", "--cost", "0"}, "--cost must be at least 1, got 0"},
-		{[]string{"allow", "k", "--cost", "11", "--storage", "ephemeral"}, "--cost 11 is more than the bucket's capacity (--capacity 10): with --storage ephemeral"},
+		{[]string{"allow", "k", "--cost", "0"}, "--cost: invalid cost: 0 is below 1"},
+		{[]string{"allow", "k", "--cost", "11", "--storage", "ephemeral"}, "--cost: cost exceeds capacity: cost 11, capacity 10"},
 		{[]string{"bench", "--commit", "later"}, `--commit must be sync or async, got "later"`},
 		{[]string{"bench", "--commit", "async", "--grants", "5"}, "--commit async does not go with --grants"},
-		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be at least 1, got 0"},
+		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be > 0, got 0"},
 		{[]string{"allow", "k", "--interval", "1x"}, "--interval wants a duration"},
 		{[]string{"allow", "k", "--storage", "floppy"}, "--storage must be durable or ephemeral"},
 		{[]string{"allow", ""}, "invalid key: key must not be empty"},
@@ -152,25 +159,24 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"settle"}, "pgratelimit settle: missing KEY\n"},
 		{[]string{"acquire", "k", "--ttl", "1s"}, "--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)"},
 		{[]string{"acquire", "k", "--max", "2"}, "--ttl is required: how long a lease counts unless extended, such as 30s"},
-		{[]string{"acquire", "k", "--max", "0", "--ttl", "1s"}, "--max must be at least 1, got 0"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "0s"}, "--ttl must be positive, got 0s"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1ns"}, "--ttl must be a whole number of microseconds, got 1ns"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "0"}, "--weight must be at least 1, got 0"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "3"}, "--weight 3 is more than --max 2: such a lease could never be acquired"},
-		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--request-id", strings.Repeat("x", 257)}, "--request-id is 257 bytes, more than the 256 an ID may have"},
+		{[]string{"acquire", "k", "--max", "0", "--ttl", "1s"}, "--max must be > 0, got 0"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "0s"}, "--ttl must be > 0 and a whole number of microseconds, got 0s"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1ns"}, "--ttl must be > 0 and a whole number of microseconds, got 1ns"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "0"}, "--weight: invalid cost: weight 0 is below 1"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--weight", "3"}, "--weight: cost exceeds capacity: weight 3, Max 2"},
+		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--request-id", strings.Repeat("x", 257)}, "--request-id: invalid request ID: is 257 bytes, longer than 256"},
 		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--storage", "floppy"}, `--storage must be durable or ephemeral, got "floppy"`},
 		{[]string{"acquire", "k", "--max", "2", "--ttl", "1s", "--prefix", ""}, "--prefix must not be empty"},
 		{[]string{"acquire", "", "--max", "2", "--ttl", "1s"}, "invalid key: key must not be empty"},
 		{[]string{"acquire", "--max", "2", "--ttl", "1s"}, "pgratelimit acquire: missing KEY\n"},
 		{[]string{"release", "k"}, "pgratelimit release: missing LEASE-ID\n"},
-		{[]string{"release", "k", ""}, "LEASE-ID must not be empty"},
-		{[]string{"release", "k", "\xff"}, "LEASE-ID is not valid UTF-8"},
 		{[]string{"release", "", "x"}, "invalid key: key must not be empty"},
-		{[]string{"release", "k", "x", "--max", "0"}, "--max must be at least 1, got 0"},
+		{[]string{"release", "k", "x", "--max", "0"}, "--max must be > 0, got 0"},
 		{[]string{"extend"}, "pgratelimit extend: missing KEY and LEASE-ID\n"},
 		{[]string{"extend", "k", "x"}, "--ttl is required: how long the lease counts from now, such as 30s"},
-		{[]string{"extend", "k", "", "--ttl", "1s"}, "LEASE-ID must not be empty"},
-		{[]string{"leases", "k", "--max", "-1"}, "--max must be at least 1, got -1"},
+		{[]string{"extend", "k", "", "--ttl", "1s"}, "LEASE-ID: invalid request ID: must not be empty"},
+		{[]string{"extend", "k", "\xff", "--ttl", "1s"}, "LEASE-ID: invalid request ID: is not valid UTF-8"},
+		{[]string{"leases", "k", "--max", "-1"}, "--max must be > 0, got -1"},
 		{[]string{"leases", "k", "x"}, "too many arguments: leases takes 1 (KEY [--max N]), got 2"},
 		{[]string{"leases", ""}, "invalid key: key must not be empty"},
 	} {
@@ -249,7 +255,7 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 0, code, "peeking checks nothing, so it never exits 1")
 		require.NotContains(t, out, "denied")
 		require.NotContains(t, out, "allowed")
-		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): next token in (\d+m|\d+m \d+s), full in 2h \d+m\n$`, out)
+		require.Regexp(t, `^"empty" has 0 of 3 tokens \(empty\): next token in (\d+m|\d+m \d+s|[\d.]+m?s), full in [23]h( \d+m)?\n$`, out, "(seconds just before the hour; the hour just after it)")
 
 		code, out, _ = pgrl(url, with("peek", "never-seen")...)
 		require.Equal(t, 0, code)
@@ -267,7 +273,7 @@ func TestMessages(t *testing.T) {
 		code, out, _ = pgrl(url, with("refund", "ref", "1")...)
 		require.Equal(t, 0, code)
 		require.NotContains(t, out, "allowed")
-		require.Regexp(t, `^refunded 1 token to "ref": it has 1 of 3 tokens, full in 1h \d+m\n$`, out)
+		require.Regexp(t, `^refunded 1 token to "ref": it has 1 of 3 tokens, full in (1h \d+m|2h|[\d.]+m?s|\d+m( \d+s)?)\n$`, out)
 		code, out, _ = pgrl(url, with("refund", "ref", "5")...)
 		require.Equal(t, 0, code)
 		require.Equal(t, "refunded: \"ref\" is full, 3 of 3 tokens (a refund never fills a bucket past its capacity)\n", out)
@@ -278,7 +284,7 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 0, code)
 		code, out, _ := pgrl(url, with("allow", "den", "--cost", "2")...)
 		require.Equal(t, 1, code)
-		require.Regexp(t, `^denied: "den" has 1 of 3 tokens, not the 2 asked for \(nothing taken\); retry in \d+m( \d+s)?\n$`, out)
+		require.Regexp(t, `^denied: "den" has 1 of 3 tokens, not the 2 asked for \(nothing taken\); retry in (\d+m( \d+s)?|[\d.]+m?s)\n$`, out, "(seconds just before the hour)")
 	})
 
 	t.Run("errors name the command once", func(t *testing.T) {
@@ -336,7 +342,7 @@ func TestMessages(t *testing.T) {
 		// Down, one step at a time, saying what each rollback throws away.
 		var said []string
 		for range files {
-			code, out, _ = pgrl(bare, "migrate", "down")
+			code, out, _ = pgrl(bare, "migrate", "down", "--yes")
 			require.Equal(t, 0, code)
 			first, _, _ := strings.Cut(out, "\n")
 			said = append(said, first)
@@ -360,11 +366,11 @@ func TestMessages(t *testing.T) {
 		require.Equal(t, 2, code)
 		require.Empty(t, out)
 		require.NotContains(t, stderr, "flag provided but not defined")
-		require.True(t, strings.HasPrefix(stderr, "pgratelimit refund: N, the tokens to give back, must be at least 1, got -5"), stderr)
+		require.True(t, strings.HasPrefix(stderr, "pgratelimit refund: N: invalid cost: refund -5 is below 1\nusage: "), stderr)
 		// A negative flag value is still a flag's value.
 		code, _, stderr = pgrl(url, with("allow", "k1", "--cost", "-5")...)
 		require.Equal(t, 2, code)
-		require.Contains(t, stderr, "--cost must be at least 1, got -5")
+		require.Contains(t, stderr, "--cost: invalid cost: -5 is below 1")
 	})
 }
 
@@ -420,8 +426,17 @@ func TestConnectTimeout(t *testing.T) {
 			took := time.Since(start)
 			require.Equal(t, 2, code, stderr)
 			require.GreaterOrEqual(t, took, 700*time.Millisecond)
-			require.Less(t, took, 5*time.Second, "gave up at its timeout")
-			require.Contains(t, stderr, "pgratelimit "+args[0]+": "+where+": no answer within 700ms (--connect-timeout)\n")
+			// Which timeout gave up is in its message; the bound only catches
+			// a hang, generously for a busy machine.
+			require.Less(t, took, 30*time.Second, "gave up at its timeout, not hung")
+			msg := where + ": no answer within 700ms (--connect-timeout)"
+			if args[len(args)-1] == "--json" {
+				var e errorJSON
+				require.NoError(t, json.Unmarshal([]byte(stderr), &e), stderr)
+				require.Equal(t, errorJSON{Error: msg, Code: "connect"}, e)
+				return
+			}
+			require.Contains(t, stderr, "pgratelimit "+args[0]+": "+msg+"\n")
 		})
 	}
 
@@ -430,7 +445,7 @@ func TestConnectTimeout(t *testing.T) {
 		start := time.Now()
 		code, _, stderr := pgrl(url+"?connect_timeout=1", "peek", "k")
 		require.Equal(t, 2, code)
-		require.Less(t, time.Since(start), 5*time.Second)
+		require.Less(t, time.Since(start), 30*time.Second)
 		require.Contains(t, stderr, where+": no answer within 1s (connect_timeout in the URL)")
 	})
 
@@ -439,7 +454,7 @@ func TestConnectTimeout(t *testing.T) {
 		start := time.Now()
 		code, _, stderr := pgrl(url, "reset", "k", "--timeout", "500ms")
 		require.Equal(t, 2, code)
-		require.Less(t, time.Since(start), 5*time.Second)
+		require.Less(t, time.Since(start), 30*time.Second)
 		require.Contains(t, stderr, "pgratelimit reset: gave up after 500ms (--timeout) connecting to the database at ")
 	})
 
@@ -458,7 +473,7 @@ func TestConnectTimeout(t *testing.T) {
 		code, _, stderr := pgrl(url, "peek", "k")
 		took := time.Since(start)
 		require.Equal(t, 2, code)
-		require.InDelta(t, 5, took.Seconds(), 2)
+		require.GreaterOrEqual(t, took, 5*time.Second)
 		require.Contains(t, stderr, where+": no answer within 5s (--connect-timeout)")
 	})
 }
@@ -489,7 +504,7 @@ func TestCommandTimeout(t *testing.T) {
 		took := time.Since(start)
 		require.Equal(t, 2, code, stderr)
 		require.GreaterOrEqual(t, took, 700*time.Millisecond)
-		require.Less(t, took, 5*time.Second)
+		require.Less(t, took, 30*time.Second)
 		require.Equal(t, "pgratelimit "+args[0]+": gave up after 700ms (--timeout): the database had not finished\n", stderr)
 	}
 	// Peeking takes no lock, so it is not held up.
@@ -665,7 +680,7 @@ func TestRequestIDSettleLedger(t *testing.T) {
 	code, again, _ := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1")...)
 	require.Equal(t, 0, code, "a replay exits as the first outcome did")
 	firstOutcome, _, _ := strings.Cut(first, ", full in ") // (the moment it gives is counted from the first check's time)
-	require.Regexp(t, `^replayed: request "call-1" was already charged at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \(nothing taken now\); its outcome then: `+regexp.QuoteMeta(firstOutcome)+", full in ", again)
+	require.Regexp(t, `^replayed: request "call-1" was already charged \(nothing taken now\); its outcome then: `+regexp.QuoteMeta(firstOutcome)+", full in ", again)
 	code, out, _ := pgrl(url, with("allow", "acme", "--cost", "40", "--request-id", "call-1", "--json")...)
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `"remaining":60,`)

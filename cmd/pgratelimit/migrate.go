@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"database/sql"
 	"errors"
@@ -50,6 +51,7 @@ func migrationStatus(ctx context.Context, db *sql.DB) ([]migrationRow, error) {
 // what up or down changed, then prints every migration's state.
 func runMigrate(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "migrate")
+	yes := f.Bool("yes", false, "migrate down: roll back without asking (needed when stdin is not a terminal)")
 	pos, err := f.parse(args, 1, 1)
 	if err != nil {
 		return f.fail(err)
@@ -64,12 +66,19 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	}
 	db := stdlib.OpenDB(*cfg)
 	defer db.Close()
-	ctx, cancel := f.withTimeout(ctx)
-	defer cancel()
-	before, err := migrationStatus(ctx, db)
+	sctx, cancel := f.withTimeout(ctx)
+	before, err := migrationStatus(sctx, db)
+	cancel()
 	if err != nil {
 		return f.fail(err)
 	}
+	if action == "down" && !*yes {
+		if err := f.confirmDown(before); err != nil {
+			return f.fail(err)
+		}
+	}
+	ctx, cancel = f.withTimeout(ctx) // (after the question, which may take a while)
+	defer cancel()
 	if action == "distribute" {
 		return f.distribute(ctx, db)
 	}
@@ -106,12 +115,40 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	return exitOK
 }
 
+// confirmDown asks, on a terminal, before migrate down rolls back the
+// last migration applied (if any), saying what it drops; without a
+// terminal it refuses (--yes skips the question).
+func (f *flags) confirmDown(rows []migrationRow) error {
+	last := -1
+	for i, r := range rows {
+		if r.Applied {
+			last = i
+		}
+	}
+	if last < 0 {
+		return nil // nothing to roll back: migrate says so
+	}
+	what := "rolls back " + rows[last].File
+	if lost, ok := lostOnRollback[rows[last].Version]; ok {
+		what += ": " + lost
+	}
+	if !f.c.terminal {
+		return usagef("migrate down %s; give --yes to roll back without a terminal to confirm on", what)
+	}
+	fmt.Fprintf(f.c.stderr, "migrate down %s.\nRoll back? Type yes to go on: ", what)
+	line, _ := bufio.NewReader(f.c.stdin).ReadString('\n')
+	if strings.TrimSpace(line) != "yes" {
+		return errors.New("not confirmed: nothing rolled back")
+	}
+	return nil
+}
+
 // distribute distributes the tables by key on Citus, and says which stay
 // on the coordinator.
 func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 	if err := migrations.Distribute(ctx, db); err != nil {
 		if errors.Is(err, migrations.ErrNoCitus) {
-			return f.fail(errors.New("the citus extension is not installed in this database: run CREATE EXTENSION citus on the coordinator (and add the workers) first"))
+			return f.fail(explainf(err, "the citus extension is not installed in this database: run CREATE EXTENSION citus on the coordinator (and add the workers) first"))
 		}
 		return f.fail(err)
 	}

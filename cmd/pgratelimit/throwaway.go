@@ -15,7 +15,7 @@ import (
 // dbMore ends db's help: what the database is, and how to use it.
 const dbMore = `The database is for trying pgratelimit: it listens on 127.0.0.1 only, and anyone on
 this machine can connect to it as the superuser postgres with no password. It takes
-PostgreSQL's server binaries (initdb, pg_ctl) from PATH, /usr/lib/postgresql/*/bin or
+PostgreSQL's server binaries (initdb, postgres) from PATH, /usr/lib/postgresql/*/bin or
 the folder $PGRATELIMIT_PG_BIN names; run as root, the server runs as the postgres
 OS user.
 

@@ -307,6 +307,10 @@ func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 		ns.Bucket = w.b
 	}
 	o := w.outcome()
+	switch op.Kind {
+	case OpCharge, OpDebit, OpSettle:
+		o.FromGrants = subSat(w.grantedBefore, o.Granted)
+	}
 	c := Change{Outcome: o, Reset: op.Kind == OpReset}
 	if w.p.Ledger {
 		c.Entries = w.entries

@@ -109,6 +109,11 @@ type Outcome struct {
 	Granted    int64
 	RetryAfter time.Duration
 	ResetAfter time.Duration
+	// FromGrants is what the live grants paid of an allowed charge or debit,
+	// or of a settlement's difference (negative when it gave credits back
+	// to grants); 0 for every other operation and for a denial. A record
+	// keeps it, so a replay says it again.
+	FromGrants int64
 }
 
 // Spent says where a charge or debit took its credits: how many from the

@@ -12,6 +12,10 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
+// TestMain stops the server testdb starts (without it, each run of this
+// package's tests left one running).
+func TestMain(m *testing.M) { testdb.Main(m) }
+
 // Values of SELECT hashtext(k COLLATE "C") on PostgreSQL 15 (x86-64): one per
 // tail length 0..4, 8, 11 and 12, and some keys as the library sees them.
 func TestHashTextKnownValues(t *testing.T) {

@@ -57,16 +57,19 @@ func (a *Attempt) decideOne(q *Request) {
 		}
 		allowed = allowed && changes[i].Allowed
 	}
-	outs := make([]account.Outcome, len(q.Charges))
+	outs := make([]Outcome, len(q.Charges))
 	for i, c := range q.Charges {
-		outs[i] = changes[i].Outcome
+		outs[i].Outcome = changes[i].Outcome
+		if allowed && c.Part == nil {
+			outs[i].Replayed = changes[i].Replayed
+		}
 		var before account.Outcome
 		if c.Part == nil && (c.Observer != nil || !allowed && changes[i].Allowed) {
 			before = account.Look(c.Policy, *a.state[c.Row], a.now, c.Cost)
 		}
 		if !allowed && changes[i].Allowed && c.Part == nil {
 			// This bucket had enough, another did not: nothing is taken.
-			outs[i] = before
+			outs[i].Outcome = before
 		}
 		if c.Observer != nil {
 			c.Observer.Observe(a, q, c, before, changes[i], allowed)

@@ -122,9 +122,18 @@ type Request struct {
 
 	// The outcome, once decided (Outcomes not nil) or failed (Err).
 	Allowed  bool
-	Outcomes []account.Outcome // one per charge
+	Outcomes []Outcome // one per charge
 	Err      error
 	Grant    account.Grant // OpGrant: the grant made
+}
+
+// Outcome is what a request did on one of its charges: the account model's
+// outcome, and what else the model said of it.
+type Outcome struct {
+	account.Outcome
+	// Replayed says the charge was answered from its request ID's record
+	// (account.Change.Replayed): nothing changed.
+	Replayed bool
 }
 
 // Rows returns the request's distinct rows.

@@ -30,6 +30,7 @@ type recordWrite struct {
 type recordDetail struct {
 	Limit      int64          `json:"l"`
 	ResetAfter time.Duration  `json:"r"`
+	FromGrants int64          `json:"f,omitempty"`
 	Known      bool           `json:"k,omitempty"`
 	Bucket     int64          `json:"b,omitempty"`
 	Grants     []detailGrant  `json:"g,omitempty"`
@@ -50,6 +51,7 @@ type detailOutcome struct {
 	Remaining  int64         `json:"m"`
 	Granted    int64         `json:"g"`
 	ResetAfter time.Duration `json:"r"`
+	FromGrants int64         `json:"f,omitempty"`
 }
 
 func toDetailGrant(g account.Grant) detailGrant {
@@ -79,7 +81,7 @@ func (d detailGrant) grant() account.Grant {
 // values are the columns of w's row in the requests table.
 func (w recordWrite) values() []any {
 	r := w.rec
-	d := recordDetail{Limit: r.Outcome.Limit, ResetAfter: r.Outcome.ResetAfter, Known: r.Spent.Known, Bucket: r.Spent.Bucket}
+	d := recordDetail{Limit: r.Outcome.Limit, ResetAfter: r.Outcome.ResetAfter, FromGrants: r.Outcome.FromGrants, Known: r.Spent.Known, Bucket: r.Spent.Bucket}
 	for _, g := range r.Spent.Grants {
 		d.Grants = append(d.Grants, toDetailGrant(g))
 	}
@@ -87,7 +89,7 @@ func (w recordWrite) values() []any {
 	if r.Settled {
 		settled = r.Actual
 		s := r.Settlement
-		d.Settlement = &detailOutcome{Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter}
+		d.Settlement = &detailOutcome{Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter, FromGrants: s.FromGrants}
 	}
 	if r.Kind == account.OpGrant {
 		g := toDetailGrant(r.Grant)
@@ -119,7 +121,7 @@ func ScanRecord(rs RowScanner, dest []any, limit int64) (account.Record, error) 
 		if err := json.Unmarshal([]byte(*detail), &d); err != nil {
 			return r, fmt.Errorf("pgratelimit: request row %q: %w", *detail, err)
 		}
-		r.Outcome.Limit, r.Outcome.ResetAfter = d.Limit, d.ResetAfter
+		r.Outcome.Limit, r.Outcome.ResetAfter, r.Outcome.FromGrants = d.Limit, d.ResetAfter, d.FromGrants
 		r.Spent = account.Spent{Known: d.Known, Bucket: d.Bucket}
 		for _, g := range d.Grants {
 			r.Spent.Grants = append(r.Spent.Grants, g.grant())
@@ -131,7 +133,7 @@ func ScanRecord(rs RowScanner, dest []any, limit int64) (account.Record, error) 
 	if settled != nil {
 		r.Settled, r.Actual = true, *settled
 		if s := d.Settlement; s != nil {
-			r.Settlement = account.Outcome{Allowed: true, Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter}
+			r.Settlement = account.Outcome{Allowed: true, Limit: s.Limit, Remaining: s.Remaining, Granted: s.Granted, ResetAfter: s.ResetAfter, FromGrants: s.FromGrants}
 		}
 	}
 	return r, nil

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgratelimit/pgratelimit/internal/pglaunch"
 	"github.com/pgratelimit/pgratelimit/migrations"
 )
 
@@ -77,7 +78,7 @@ func PgBouncer(t testing.TB) string {
 	db.Close()
 
 	// Its ini, in a directory the postgres OS user can read when we are root.
-	dir, err := os.MkdirTemp("", "pgratelimit-pgbouncer-") // not t.TempDir(): its parent is root's only
+	dir, err := pglaunch.TempDir("pgratelimit-pgbouncer-") // not t.TempDir(): its parent is root's only
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,17 +148,18 @@ pidfile = %s
 	if cred != nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	}
-	if err := cmd.Start(); err != nil {
+	// Tied to the test binary: it exits when the binary does, even killed.
+	p, err := pglaunch.StartTied(cmd, syscall.SIGKILL)
+	if err != nil {
 		t.Fatalf("starting pgbouncer: %v", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	exited := p.Done()
 	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGINT)
+		_ = p.Signal(syscall.SIGINT)
 		select {
 		case <-exited:
 		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = p.Signal(syscall.SIGKILL)
 			<-exited
 		}
 	}

@@ -37,6 +37,9 @@ var (
 	once     sync.Once
 	instance *pglaunch.Instance
 	startErr error
+	// inMain is set by Main: a server is started only under it, which
+	// stops it.
+	inMain bool
 )
 
 func start() {
@@ -49,6 +52,7 @@ func start() {
 // database they started, if any. m is a *testing.M, or anything that runs
 // the tests as its Run method says (a suite run once per mode, say).
 func Main(m interface{ Run() int }) {
+	inMain = true
 	code := m.Run()
 	if instance != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -64,6 +68,9 @@ func Main(m interface{ Run() int }) {
 // the test fails when CI is set and is skipped, with the reason, elsewhere.
 func Instance(t testing.TB) *pglaunch.Instance {
 	t.Helper()
+	if !inMain {
+		t.Fatal("testdb: the test binary's TestMain must be testdb.Main(m), which stops the database the tests start")
+	}
 	once.Do(start)
 	if startErr != nil {
 		if os.Getenv("CI") != "" {

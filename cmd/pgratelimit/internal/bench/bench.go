@@ -6,9 +6,10 @@
 // With Options.Leases the workers acquire and release concurrency leases
 // instead (a Semaphore), and the report counts acquire+release pairs.
 //
-// Its subpackage peers compares it with the rate limiters and the plain SQL
-// a team would otherwise use (`pgratelimit bench peers`), running this
-// benchmark as one contender among them; both read CPU time with package cpu.
+// The peer benchmark of a checkout (bench/peers, in the bench module)
+// compares it with the rate limiters and the plain SQL a team would
+// otherwise use, running this benchmark (`pgratelimit bench --json`) as one
+// contender among them.
 package bench
 
 import (

@@ -51,7 +51,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, "ours-coalesce-durable-async", o.contender())
 	o.Storage = "ephemeral"
 	cfg, err = o.Config()
-	require.NoError(t, err, "asynchronous commit on unlogged tables too (bench peers' unlogged scenario)")
+	require.NoError(t, err, "asynchronous commit on unlogged tables too (the peer benchmark's unlogged scenario)")
 	require.True(t, cfg.AsyncCommit)
 
 	o = defaults(t)
@@ -208,10 +208,12 @@ func TestRunLeases(t *testing.T) {
 		require.Equal(t, int64(2), rep.LeaseMax)
 		require.Positive(t, rep.Pairs)
 		require.Equal(t, rep.Allowed, rep.Pairs)
-		require.Positive(t, rep.Denied, "16 workers on 2 keys of 2 units")
 		require.Positive(t, rep.PairsPerSec)
 		require.Positive(t, rep.ClientUsPerPair)
-		require.Greater(t, rep.ChecksPerSec, rep.PairsPerSec, "acquisitions, denied ones included")
+		// Acquisitions count the denied ones, which 16 workers on 2 keys of
+		// 2 units meet or not depending on the machine's speed (TestLeaseAudit
+		// checks the denials' audit).
+		require.GreaterOrEqual(t, rep.ChecksPerSec, rep.PairsPerSec, "acquisitions, denied ones included")
 		line, err := json.Marshal(rep)
 		require.NoError(t, err)
 		require.Contains(t, string(line), `"leases":true,"lease_max":2,"pairs":`)
@@ -219,7 +221,7 @@ func TestRunLeases(t *testing.T) {
 		rep.WriteText(&text, o.Duration, o.Cost)
 		require.True(t, strings.HasPrefix(text.String(), "ours-"+mode+"-durable-leases: 16 in flight, 2 keys, 300ms, leases of 1 unit of 2 per key, each released at once\n"), text.String())
 		require.Regexp(t, `(?m)^  \d+ pairs/s \(acquire \+ release\)   p50 `, text.String())
-		require.Regexp(t, `(?m)^  acquisitions: \d+/s, \d+ acquired and released, \d+ denied \(no free units\), 0 errors$`, text.String())
+		require.Contains(t, text.String(), fmt.Sprintf("\n  acquisitions: %.0f/s, %d acquired and released, %d denied (no free units), 0 errors\n", rep.ChecksPerSec, rep.Allowed, rep.Denied))
 		require.Regexp(t, `(?m)^  CPU per pair: client \d+\.\d µs, server `, text.String())
 		require.Contains(t, text.String(), "  audit: ok\n")
 	}

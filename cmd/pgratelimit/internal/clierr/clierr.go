@@ -14,10 +14,28 @@ import (
 type UsageError struct {
 	// Msg says what is wrong, naming the flag or argument.
 	Msg string
+	// Err is the library's error that Msg explains, if any.
+	Err error
 }
 
 // Error returns Msg.
 func (e UsageError) Error() string { return e.Msg }
+
+// Unwrap returns Err.
+func (e UsageError) Unwrap() error { return e.Err }
+
+// Explained is an error of the library, Err, told in the command's words,
+// Msg: errors.Is still finds Err.
+type Explained struct {
+	Msg string
+	Err error
+}
+
+// Error returns Msg.
+func (e Explained) Error() string { return e.Msg }
+
+// Unwrap returns Err.
+func (e Explained) Unwrap() error { return e.Err }
 
 // Usagef returns a UsageError with a message formatted as by fmt.Sprintf.
 func Usagef(format string, args ...any) error {

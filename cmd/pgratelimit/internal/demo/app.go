@@ -75,10 +75,13 @@ type checkCounter interface {
 	counts(ctx context.Context) (checkCounts, error)
 }
 
-// checkCounts are the checks decided so far, by result.
+// checkCounts are the checks decided so far, by result: Invalid are the
+// requests whose input the library refused (a cost below 1, above the
+// capacity), apart from Errors, the limiter failing.
 type checkCounts struct {
 	Allowed int64 `json:"allowed"`
 	Denied  int64 `json:"denied"`
+	Invalid int64 `json:"invalid"`
 	Errors  int64 `json:"errors"`
 }
 
@@ -110,6 +113,8 @@ func (o *otelCounter) counts(ctx context.Context) (checkCounts, error) {
 					c.Allowed += dp.Value
 				case "denied":
 					c.Denied += dp.Value
+				case "invalid":
+					c.Invalid += dp.Value
 				case "error":
 					c.Errors += dp.Value
 				}

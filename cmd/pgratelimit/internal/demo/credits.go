@@ -128,16 +128,7 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 	fail := func(err error) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
 	}
-	// What the grants held before, to tell how much of the charge they
-	// paid: the check takes from the quota first, so the rest came from
-	// them. (Read apart from the check: exact while nobody else grants or
-	// charges this key meanwhile, as on the demo's page.)
 	l := a.credits.Load()
-	before, err := l.Peek(ctx, key)
-	if err != nil {
-		fail(err)
-		return
-	}
 	ls := []*pgratelimit.Limiter{l}
 	m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost))
 	if err != nil {
@@ -151,7 +142,7 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("RateLimit", f.RateLimit)
 	status := http.StatusOK
 	if m.Allowed {
-		out.FromGrants = min(max(before.Granted-res.Granted, 0), cost)
+		out.FromGrants = res.FromGrants
 		out.FromQuota = cost - out.FromGrants
 		if out.FromGrants == 0 {
 			out.Message = fmt.Sprintf("Charged %d from the monthly quota: %d of %d left, %d granted.", cost, res.Remaining, res.Limit, res.Granted)

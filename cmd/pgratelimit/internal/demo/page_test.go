@@ -54,6 +54,7 @@ func TestDemoPage(t *testing.T) {
 	b.checkScenarios()
 	b.checkCredits()
 	b.checkJobs()
+	b.checkBadCost()
 	b.screenshot()
 	require.Empty(t, consoleErrors(), "console errors")
 }
@@ -66,8 +67,8 @@ type browser struct {
 
 // startBrowser starts Chromium, stopped when the test ends, and returns it
 // with the console's errors so far. The browser logs each 429 that fetch
-// receives as a network error: those are the demo working, as is the 400
-// of the policy the test gets refused on purpose.
+// receives as a network error: those are the demo working, as are the 400s
+// of the policy and of the cost of 0 the test gets refused on purpose.
 func startBrowser(t *testing.T) (b *browser, consoleErrors func() []string) {
 	// Generous timeouts: the test shares the machine with the rest of make
 	// test (load averages of 5-8 on 2 cores), and they only bound failures.
@@ -101,7 +102,7 @@ func startBrowser(t *testing.T) (b *browser, consoleErrors func() []string) {
 				continue
 			}
 			if m.Source == "network" && (strings.Contains(m.Text, "429 (Too Many Requests)") ||
-				strings.Contains(m.Text, "400 (Bad Request)") && strings.HasSuffix(m.URL, "/api/policy")) {
+				strings.Contains(m.Text, "400 (Bad Request)") && (strings.HasSuffix(m.URL, "/api/policy") || strings.HasSuffix(m.URL, "/api/limited?cost=0"))) {
 				continue
 			}
 			mu.Lock()
@@ -360,19 +361,31 @@ func (b *browser) checkCreditsAgain() {
 	b.alerts(alertsOfAll...)
 }
 
-// screenshot: something to look at, a burst under a policy that refills a
-// token a second, and the bucket refilling step by step on its grid, and a
-// job running beside one killed; saved as docs/demo.png with
-// PGRATELIMIT_UPDATE_SCREENSHOT=1.
+// checkBadCost: a cost of 0 typed in the Cost field is sent as it is, and
+// refused (400) as bad input, counted apart from errors.
+func (b *browser) checkBadCost() {
+	t := b.t
+	b.do("a cost of 0", setValue("cost", "0"), click("send"))
+	b.waitFor("its answer", `[...document.querySelectorAll('[data-testid="result"]')].at(-1)?.textContent.includes('cost 0')`, 30*time.Second)
+	require.Regexp(t, `^#\d+ 400 Bad Request cost 0 400 bad request: pgratelimit: invalid cost: 0 is below 1 \d+ ms$`, b.results()[len(b.results())-1])
+	b.waitFor("counted as invalid", fmt.Sprintf(`Number(`+q+`.textContent) >= 1`, "count-invalid"), 30*time.Second)
+	require.Equal(t, "0", b.text("count-errors"), "bad input is not an error")
+	b.do("a cost of 1 again", setValue("cost", "1"))
+}
+
+// screenshot: something to look at, under the policy the demo starts with
+// (Capacity 5, a token a second): a burst, and the bucket refilling step by
+// step on its grid, and a job running beside one killed; saved as
+// docs/demo.png with PGRATELIMIT_UPDATE_SCREENSHOT=1.
 func (b *browser) screenshot() {
 	t := b.t
-	b.do("a policy to watch", setValue("capacity", "8"), setValue("refill", "1"), setValue("interval", "1s"), setValue("storage", "ephemeral"), click("apply"))
-	b.waitFor("a fresh bucket", fmt.Sprintf(q+`.textContent === '8'`, "remaining"), 30*time.Second)
+	b.do("the demo's first policy", setValue("capacity", "5"), setValue("refill", "1"), setValue("interval", "1s"), setValue("storage", "ephemeral"), click("apply"))
+	b.waitFor("a fresh bucket", fmt.Sprintf(q+`.textContent === '5'`, "remaining"), 30*time.Second)
 	time.Sleep(2 * time.Second) // the chart shows a full bucket first
-	b.do("a burst by hand", setValue("burst-size", "11"), click("send-burst"))
-	b.waitFor("the burst", fmt.Sprintf(q+`.textContent.startsWith('Burst of 11:')`, "scenario-status"), time.Minute)
-	b.waitFor("the bucket emptied", fmt.Sprintf(`Number(`+q+`.textContent) <= 2`, "remaining"), 30*time.Second)
-	b.waitFor("refills", fmt.Sprintf(`Number(`+q+`.textContent) >= 5`, "remaining"), 30*time.Second)
+	b.do("a burst by hand", setValue("burst-size", "8"), click("send-burst"))
+	b.waitFor("the burst", fmt.Sprintf(q+`.textContent.startsWith('Burst of 8:')`, "scenario-status"), time.Minute)
+	b.waitFor("the bucket emptied", fmt.Sprintf(`Number(`+q+`.textContent) <= 1`, "remaining"), 30*time.Second)
+	b.waitFor("refills", fmt.Sprintf(`Number(`+q+`.textContent) >= 3`, "remaining"), 30*time.Second)
 	// The jobs card: a job running, one killed (its slot still held, for up
 	// to 10s), a slot free.
 	b.do("start over", click("jobs-reset"))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
+	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -47,11 +48,13 @@ type stateJSON struct {
 
 func describePolicy(p *policy) policyJSON {
 	c, m := p.cfg, p.minute.Config()
-	window := p.l.Window(pgratelimit.Result{}) // an empty bucket's: RateLimit-Policy's w
+	// The middleware's RateLimit-Policy, its window from the one place that
+	// computes it (the bucket's fill time: full or not, it is the same).
+	full := pgratelimit.MultiResult{Allowed: true, Results: []pgratelimit.Result{{Limit: c.Capacity, Remaining: c.Capacity}}}
 	return policyJSON{
 		Gen: p.gen, Prefix: c.Prefix, Capacity: c.Capacity, Refill: c.Refill,
 		Interval: c.Interval.String(), IntervalMS: c.Interval.Milliseconds(), Storage: storageName(c.Storage),
-		Header: fmt.Sprintf("%q;q=%d;w=%d", c.Prefix, c.Capacity, int64((window+time.Second-1)/time.Second)),
+		Header: middleware.FieldsFor([]*pgratelimit.Limiter{p.l}, full).Policy,
 		Minute: fmt.Sprintf("%d per minute", m.Capacity),
 	}
 }

@@ -75,7 +75,7 @@ func explain(err error, port int) error {
 	case errors.Is(err, pglaunch.ErrNoServerBinaries):
 		return fmt.Errorf("cannot start a throwaway PostgreSQL: %w; install PostgreSQL's server "+
 			"(Debian, Ubuntu: apt-get install postgresql; Fedora: dnf install postgresql-server; macOS: brew install postgresql), "+
-			"or set %s to the folder of its initdb and pg_ctl", err, pglaunch.BinDirEnv)
+			"or set %s to the folder of its initdb and postgres", err, pglaunch.BinDirEnv)
 	case port != 0 && strings.Contains(err.Error(), "ddress already in use"):
 		return fmt.Errorf("port %d of 127.0.0.1 is taken: choose another (or 0: a free one)", port)
 	}

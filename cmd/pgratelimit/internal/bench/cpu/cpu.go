@@ -1,8 +1,8 @@
-// Package cpu reads CPU time on Linux: this process's and an exited child's
-// (getrusage), any process's from /proc/PID/stat, a PostgreSQL server's (its
-// postmaster and every process it started) and the whole machine's from
-// /proc/stat. The benchmark reads its own server's CPU with it, and the peer
-// harness every contender's.
+// Package cpu reads CPU time on Linux: this process's (getrusage), any
+// process's from /proc/PID/stat, and a PostgreSQL server's (its postmaster
+// and every process it started). The benchmark reads its own and its
+// server's CPU with it. (The peer harness, bench/peers, reads the same
+// figures of every contender with its own copy: it is another module.)
 //
 // Every function returns zero values, or false, when the figures cannot be
 // read (another operating system, /proc hidden, a process gone).
@@ -27,19 +27,6 @@ func Self() time.Duration {
 		return 0
 	}
 	return rusage(&ru)
-}
-
-// Exited is the CPU time, user and system, of a child process that has
-// exited (its ProcessState, from exec.Cmd.Wait); 0 for nil.
-func Exited(ps *os.ProcessState) time.Duration {
-	if ps == nil {
-		return 0
-	}
-	ru, ok := ps.SysUsage().(*syscall.Rusage)
-	if !ok {
-		return 0
-	}
-	return rusage(ru)
 }
 
 func rusage(ru *syscall.Rusage) time.Duration {
@@ -138,28 +125,4 @@ func Postmaster(backend int) (int, bool) {
 		return 0, false
 	}
 	return st.PPID, true
-}
-
-// Machine returns the busy and total CPU time of the whole machine so far,
-// all cores together, from /proc/stat (busy: all but idle and iowait).
-func Machine() (busy, total time.Duration) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	if len(f) < 2 {
-		return 0, 0
-	}
-	var busyTicks, totalTicks int64
-	for i, s := range f[1:min(len(f), 9)] {
-		n, _ := strconv.ParseInt(s, 10, 64)
-		totalTicks += n
-		if i != 3 && i != 4 { // idle, iowait
-			busyTicks += n
-		}
-	}
-	tick := time.Second / clockTick
-	return time.Duration(busyTicks) * tick, time.Duration(totalTicks) * tick
 }

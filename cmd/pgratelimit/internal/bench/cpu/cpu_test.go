@@ -31,9 +31,6 @@ func TestProcess(t *testing.T) {
 	if _, ok := Process(-1); ok {
 		t.Error("Process(-1) read something")
 	}
-	if busy, total := Machine(); busy <= 0 || total < busy {
-		t.Errorf("Machine: busy %s of %s", busy, total)
-	}
 	if _, ok := Postmaster(os.Getpid()); ok {
 		t.Error("Postmaster: the test's parent is not PostgreSQL")
 	}
@@ -63,10 +60,4 @@ func TestChildren(t *testing.T) {
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
-	if Exited(cmd.ProcessState) < 0 {
-		t.Error("Exited: negative")
-	}
-	if Exited(nil) != 0 {
-		t.Error("Exited(nil) is not 0")
-	}
 }

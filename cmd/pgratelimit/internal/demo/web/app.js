@@ -70,6 +70,7 @@ function update(st) {
   showJobs(st.jobs);
   $("count-allowed").textContent = String(st.checks.allowed);
   $("count-denied").textContent = String(st.checks.denied);
+  $("count-invalid").textContent = String(st.checks.invalid);
   $("count-errors").textContent = String(st.checks.errors);
   $("policy").textContent =
     `Capacity ${p.capacity}, Refill ${p.refill} every ${p.interval}, ${p.storage}: RateLimit-Policy: ${p.header}`;
@@ -179,8 +180,12 @@ function draw(now) {
   ctx.textAlign = "right";
   ctx.fillText(String(cap), pad.l - 6, y(cap) + 4);
   ctx.fillText("0", pad.l - 6, y(0) + 4);
-  ctx.textAlign = "center";
-  for (let s = 0; s <= 30; s += 10) ctx.fillText(s ? `-${s}s` : "now", x(now - s * 1000), h - 4);
+  for (let s = 0; s <= 30; s += 10) {
+    // "now" ends at the right edge rather than centred on it, where half of
+    // it would be cut off.
+    ctx.textAlign = s ? "center" : "right";
+    ctx.fillText(s ? `-${s}s` : "now", x(now - s * 1000) + (s ? 0 : pad.r), h - 4);
+  }
   ctx.strokeStyle = "#e3e6eb";
   ctx.beginPath();
   ctx.moveTo(pad.l, y(0)); ctx.lineTo(w - pad.r, y(0));
@@ -286,8 +291,10 @@ async function post(path, form) {
   return v;
 }
 
+// cost is the Cost field as typed (1 when empty): a cost below 1 is sent
+// as it is, and the server refuses it (400), as it would any client's.
 function cost() {
-  return Math.max(1, parseInt($("cost").value, 10) || 1);
+  return $("cost").value.trim() || "1";
 }
 
 // busy disables the buttons while fn runs, and reports what it returns in
@@ -414,7 +421,7 @@ const scenarios = {
   },
   async rollback() {
     await refill();
-    const c = Math.min(cost() > 1 ? cost() : 3, state.policy.capacity);
+    const c = Math.min(Number(cost()) > 1 ? Number(cost()) : 3, state.policy.capacity);
     const v = await post(`/api/scenario/rollback?cost=${c}`);
     const charged = v.allowed
       ? `charged ${v.cost} inside a transaction (${v.before} → ${v.in_tx} tokens, seen inside it)`
@@ -459,7 +466,7 @@ $("credits-use-up").addEventListener("click", () => busy(credits.useUp, "credits
 $("credits-grant-10").addEventListener("click", () => busy(() => credits.grant(10), "credits-status"));
 $("credits-charge-4").addEventListener("click", () => busy(() => credits.chargeOne(4), "credits-status"));
 $("credits-charge").addEventListener("click", () => busy(() =>
-  credits.chargeOne(Math.max(1, parseInt($("credits-cost").value, 10) || 1)), "credits-status"));
+  credits.chargeOne($("credits-cost").value.trim() || "1"), "credits-status"));
 $("credits-grant").addEventListener("click", () => busy(() =>
   credits.grant(Math.max(1, parseInt($("credits-amount").value, 10) || 1), $("credits-expires").value), "credits-status"));
 $("credits-reset").addEventListener("click", () => busy(credits.reset, "credits-status"));

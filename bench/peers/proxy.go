@@ -1,4 +1,4 @@
-package peers
+package main
 
 import (
 	"io"

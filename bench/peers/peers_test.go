@@ -1,4 +1,4 @@
-package peers
+package main
 
 import (
 	"context"
@@ -10,9 +10,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 )
 
 func names(cs []contender) []string {
@@ -68,7 +65,7 @@ func TestParseArgs(t *testing.T) {
 		{"64 1 8 logged redis_rate", leases, "WORKLOAD=leases, but no contender of it is named (contenders of leases: leases leases-per-check redis_sem)"},
 	} {
 		_, _, err := parseArgs(strings.Fields(tc.args), tc.workload)
-		var ue clierr.UsageError
+		var ue usageError
 		require.True(t, errors.As(err, &ue), "%s: %v", tc.args, err)
 		require.Contains(t, ue.Msg, tc.want, tc.args)
 	}
@@ -122,7 +119,7 @@ func TestFromEnv(t *testing.T) {
 // The lines of the contenders of leases count pairs: pgratelimit bench
 // --leases's Report and redissem's line.
 func TestParseLeaseLine(t *testing.T) {
-	line, err := json.Marshal(bench.Report{Contender: "ours-coalesce-durable-leases", ChecksPerSec: 9000, P50ms: 2, P99ms: 5, MaxMs: 9,
+	line, err := json.Marshal(oursReport{Contender: "ours-coalesce-durable-leases", ChecksPerSec: 9000, P50ms: 2, P99ms: 5, MaxMs: 9,
 		Allowed: 40000, Denied: 32000, Audit: "ok", Leases: true, LeaseMax: 8, Pairs: 40000, PairsPerSec: 5000})
 	require.NoError(t, err)
 	o, err := parseLeaseLine("progress\n" + string(line) + "\n")
@@ -138,13 +135,13 @@ func TestParseLeaseLine(t *testing.T) {
 	require.ErrorContains(t, err, "no pairs")
 }
 
-// The line pgratelimit bench --json prints is read through bench.Report, the
-// type that writes it.
+// The line pgratelimit bench --json prints (a Report of the CLI's
+// internal/bench) is read for its figures and pgratelimit's own.
 func TestParseResultLineOurs(t *testing.T) {
-	line, err := json.Marshal(bench.Report{Contender: "ours-coalesce-durable", ChecksPerSec: 5000, P50ms: 1.5, P99ms: 4,
-		MaxMs: 9, Allowed: 39000, Denied: 1000, Errors: 2, Audit: "ok", HotRatio: 0.99, Updates: 40000})
-	require.NoError(t, err)
-	o, err := parseResultLine("progress\n" + string(line) + "\n")
+	line := `{"contender":"ours-coalesce-durable","conc":64,"keys":10000,"secs":8,"checks_per_sec":5000,"p50_ms":1.5,"p99_ms":4,"max_ms":9,` +
+		`"allowed":39000,"denied":1000,"errors":2,"audit":"ok","hot_update_ratio":0.99,"updates":40000,"limits":1,"commit":"sync",` +
+		`"distributed":false,"alerts":false,"events":0,"client_us_per_check":40,"server_us_per_check":130,"leases":false}`
+	o, err := parseResultLine("progress\n" + line + "\n")
 	require.NoError(t, err)
 	require.Equal(t, outcome{Checks: 40000, Errors: 2, ElapsedS: 8, ChecksPerSec: 5000, P50ms: 1.5, P99ms: 4,
 		Extra: map[string]any{"audit": "ok", "hot_update_ratio": 0.99, "updates": int64(40000), "max_ms": 9.0,

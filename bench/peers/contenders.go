@@ -1,4 +1,4 @@
-package peers
+package main
 
 import (
 	"bufio"
@@ -13,8 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
 )
 
 // contender is one way of doing the checks (or the leases) of a workload.
@@ -248,7 +246,7 @@ func redisSem(ctx context.Context, e *env, s scenario, _ string) (*exec.Cmd, fun
 // checks are the allowed and the denied, or the line of redisrate and
 // rlf/bench.js, which count them (checks) and their time (elapsed_s).
 type resultLine struct {
-	bench.Report
+	oursReport
 	Checks   *int64  `json:"checks"`
 	ElapsedS float64 `json:"elapsed_s"`
 }

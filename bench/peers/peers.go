@@ -1,6 +1,6 @@
-// Package peers is the peer benchmark, `pgratelimit bench peers`, which
-// bench/peers.sh (make bench-peers) builds and runs; bench/README.md says
-// what it measures and how. It starts a throwaway PostgreSQL and Redis on
+// Command peers is the peer benchmark, which bench/peers.sh (make
+// bench-peers) builds and runs; bench/README.md says what it measures and
+// how. It starts a throwaway PostgreSQL and Redis on
 // loopback, runs each contender on the same workload, one after the other,
 // measures the CPU each check cost in the server and in the client with
 // package cpu, prints a markdown table per scenario and writes every figure
@@ -14,24 +14,20 @@
 // acquired and released at once (`pgratelimit bench --leases --json` as the
 // contenders leases and leases-per-check; redis_sem, a Redis counting
 // semaphore), whose unit is the acquire+release pair.
-package peers
+package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/spf13/pflag"
-
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 )
 
 // Options is how the harness runs: its flags (AddFlags), its environment
@@ -48,7 +44,7 @@ type Options struct {
 	BinDir string
 	// Ours is the pgratelimit binary whose bench command the contenders
 	// coalesce, per-check, async, leases and leases-per-check run (--ours;
-	// default: this one).
+	// default: BINDIR/pgratelimit, which peers.sh builds from this tree).
 	Ours string
 
 	// Runs is how many times each contender runs, interleaved; the tables
@@ -75,11 +71,11 @@ type Options struct {
 const Args = "[CONC KEYS SECS logged|unlogged [contender ...]]"
 
 // AddFlags defines the harness's flags on fs.
-func (o *Options) AddFlags(fs *pflag.FlagSet) {
+func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Root, "root", ".", "the repository's root (bench/pgbench and bench/rlf are read from there)")
 	fs.StringVar(&o.PGBin, "pgbin", "", "PostgreSQL's binaries: initdb, pg_ctl, postgres, pgbench, psql (default: those on PATH)")
 	fs.StringVar(&o.BinDir, "bindir", "", "where peers.sh put the redisrate and redissem contenders (default ROOT/bench/.bin)")
-	fs.StringVar(&o.Ours, "ours", "", "the pgratelimit binary that the contenders coalesce, per-check, async, leases and leases-per-check run (default: this one)")
+	fs.StringVar(&o.Ours, "ours", "", "the pgratelimit binary that the contenders coalesce, per-check, async, leases and leases-per-check run (default: BINDIR/pgratelimit)")
 }
 
 // FromEnv reads RUNS, LATENCY_MS, BENCH_OUT, OURS_FLAGS and WORKLOAD with
@@ -93,11 +89,11 @@ func (o *Options) FromEnv(getenv func(string) string) error {
 	}
 	runs, err := envInt("RUNS", 1)
 	if err != nil || runs < 1 {
-		return clierr.Usagef("RUNS must be a positive integer, got %q", getenv("RUNS"))
+		return usagef("RUNS must be a positive integer, got %q", getenv("RUNS"))
 	}
 	latency, err := envInt("LATENCY_MS", 0)
 	if err != nil || latency < 0 {
-		return clierr.Usagef("LATENCY_MS must be a non-negative integer, got %q", getenv("LATENCY_MS"))
+		return usagef("LATENCY_MS must be a non-negative integer, got %q", getenv("LATENCY_MS"))
 	}
 	o.Runs, o.Latency = runs, time.Duration(latency)*time.Millisecond
 	o.OutDir = getenv("BENCH_OUT")
@@ -108,7 +104,7 @@ func (o *Options) FromEnv(getenv func(string) string) error {
 	case checks, leases:
 		o.Workload = w
 	default:
-		return clierr.Usagef("WORKLOAD must be checks, leases or all, got %q", w)
+		return usagef("WORKLOAD must be checks, leases or all, got %q", w)
 	}
 	return nil
 }
@@ -135,7 +131,7 @@ Run it through bench/peers.sh (make bench-peers), which installs and builds what
 // Run runs the contenders args name (all of them by default) in the
 // scenario args give (the default scenarios without arguments), prints the
 // tables and writes the result files. Its errors about args are
-// clierr.UsageErrors; it fails when a contender failed in every run of a
+// usageErrors; it fails when a contender failed in every run of a
 // scenario, and returns ctx's error when interrupted (SIGHUP too), after
 // stopping the servers and writing what was measured.
 func Run(ctx context.Context, o Options, args []string) error {
@@ -170,16 +166,12 @@ func Run(ctx context.Context, o Options, args []string) error {
 	return o.finish(ctx, rep, runErr)
 }
 
-// oursBinary is Options.Ours, else this executable.
+// oursBinary is Options.Ours, else the pgratelimit in BinDir.
 func (o Options) oursBinary() (string, error) {
 	if o.Ours != "" {
 		return o.Ours, nil
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return "", fmt.Errorf("finding this executable, for the contenders of pgratelimit (give --ours): %w", err)
-	}
-	return self, nil
+	return filepath.Abs(filepath.Join(o.BinDir, "pgratelimit"))
 }
 
 // finish writes the result files, if anything was measured, and returns
@@ -353,18 +345,18 @@ func parseArgs(args []string, workload string) ([]scenario, []contender, error) 
 		return defaultScenarios(workload), contendersOfWorkload(workload), nil
 	}
 	if len(args) < 4 {
-		return nil, nil, clierr.Usagef("give all four of CONC KEYS SECS logged|unlogged, or none")
+		return nil, nil, usagef("give all four of CONC KEYS SECS logged|unlogged, or none")
 	}
 	var s scenario
 	var err error
 	for i, p := range []*int{&s.Conc, &s.Keys, &s.Secs} {
 		if *p, err = strconv.Atoi(args[i]); err != nil || *p < 1 {
-			return nil, nil, clierr.Usagef("%q: CONC, KEYS and SECS must be positive integers", args[i])
+			return nil, nil, usagef("%q: CONC, KEYS and SECS must be positive integers", args[i])
 		}
 	}
 	s.Tables = args[3]
 	if s.Tables != "logged" && s.Tables != "unlogged" {
-		return nil, nil, clierr.Usagef("%q: the fourth argument is logged or unlogged", s.Tables)
+		return nil, nil, usagef("%q: the fourth argument is logged or unlogged", s.Tables)
 	}
 	cs := contendersOfWorkload(workload)
 	if len(args) > 4 {
@@ -408,7 +400,7 @@ func pickContenders(names []string, workload string) ([]contender, error) {
 		for _, n := range group {
 			c, ok := contenderByName(n)
 			if !ok {
-				return nil, clierr.Usagef("unknown contender %q (contenders: %s)", n, strings.Join(contenderNames(""), " "))
+				return nil, usagef("unknown contender %q (contenders: %s)", n, strings.Join(contenderNames(""), " "))
 			}
 			if !seen[n] {
 				seen[n] = true
@@ -417,7 +409,7 @@ func pickContenders(names []string, workload string) ([]contender, error) {
 		}
 	}
 	if workload != "" && len(contendersOf(cs, workload)) == 0 {
-		return nil, clierr.Usagef("WORKLOAD=%s, but no contender of it is named (contenders of %s: %s)", workload, workload, strings.Join(contenderNames(workload), " "))
+		return nil, usagef("WORKLOAD=%s, but no contender of it is named (contenders of %s: %s)", workload, workload, strings.Join(contenderNames(workload), " "))
 	}
 	return cs, nil
 }

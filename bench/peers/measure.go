@@ -1,4 +1,4 @@
-package peers
+package main
 
 import (
 	"bytes"
@@ -8,8 +8,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench/cpu"
 )
 
 // result is one run of one contender. In the workload of leases, its checks
@@ -57,9 +55,9 @@ type outcome struct {
 func (e *env) serverCPU(server string) time.Duration {
 	switch server {
 	case "postgres":
-		return cpu.Tree(e.pgPID)
+		return cpuTree(e.pgPID)
 	case "redis":
-		st, _ := cpu.Process(e.redis.Process.Pid)
+		st, _ := cpuProcess(e.redis.Process.Pid)
 		return st.Total()
 	}
 	return 0
@@ -92,7 +90,7 @@ func (e *env) settle(server string, baseline int) {
 		return
 	}
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); {
-		if len(cpu.ChildrenOf(e.pgPID)) <= baseline {
+		if len(childrenOf(e.pgPID)) <= baseline {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -121,17 +119,17 @@ func (e *env) measure(ctx context.Context, c contender, s scenario) (res result)
 
 	baseline := 0
 	if c.Server == "postgres" {
-		baseline = len(cpu.ChildrenOf(e.pgPID))
+		baseline = len(childrenOf(e.pgPID))
 	}
-	busy0, total0 := cpu.Machine()
+	busy0, total0 := machineCPU()
 	server0 := e.serverCPU(c.Server)
 	t0 := time.Now()
 	runErr := cmd.Run()
 	res.WallS = round(time.Since(t0).Seconds(), 2)
 	e.settle(c.Server, baseline)
 	server := e.serverCPU(c.Server) - server0
-	busy1, total1 := cpu.Machine()
-	client := cpu.Exited(cmd.ProcessState)
+	busy1, total1 := machineCPU()
+	client := cpuExited(cmd.ProcessState)
 	res.ServerCPUs, res.ClientCPUs = round(server.Seconds(), 2), round(client.Seconds(), 2)
 	if total1 > total0 {
 		other := busy1 - busy0 - server - client
