@@ -5,7 +5,7 @@ GO ?= go
 # instead of a go run per module.
 STATICCHECK_VERSION := v0.8.2
 STATICCHECK := $(CURDIR)/bin/staticcheck-$(STATICCHECK_VERSION)/staticcheck
-FUZZTIME ?= 200000x
+FUZZTIME ?= 15s
 FUZZLONG ?= 5m
 # Every go test has a -timeout: a hung test fails with its goroutines'
 # stacks (and the servers it started die with it) instead of running on.

@@ -114,6 +114,9 @@ WHERE application_name = $1 AND pid <> pg_backend_pid() AND backend_type = 'clie
 				})
 			}
 			return context.WithTimeout(context.Background(), 10*time.Second)
-		}, terminating.Wait)
+		}, func() {
+			terminating.Wait()
+			pool.Reset() // the audit reads on connections no termination reached
+		})
 	})
 }

@@ -33,12 +33,16 @@ type recorder struct {
 	mu    sync.Mutex
 	lines []string
 	on    bool
+	// policies records the statement that records a limiter's policy, once
+	// per process at its first operation: shown by a step of its own, not
+	// in every step that makes a limiter's first operation.
+	policies bool
 }
 
 func (r *recorder) add(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.on {
+	if r.on && (r.policies || !strings.Contains(format+fmt.Sprint(args...), `"pgratelimit_policies"`)) {
 		r.lines = append(r.lines, fmt.Sprintf(format, args...))
 	}
 }
@@ -155,6 +159,29 @@ func TestGoldenStatements(t *testing.T) {
 		require.NoError(t, tx.Commit())
 	})
 	step("cleanup", func() { ok(deleteExpired(ctx, pool, pgratelimit.CleanerConfig{Clock: clock})) })
+
+	// Limits as data (steps added after the others, which they leave as
+	// they were: a limiter without Config.Overrides sends what it sent).
+	rec.mu.Lock()
+	rec.policies = true
+	rec.mu.Unlock()
+	over := mk(pgratelimit.Config{Prefix: "over", Capacity: 10, Refill: 1, Interval: time.Second, DisableCoalescing: true,
+		Overrides: true, Ledger: true})
+	overBatch := mk(pgratelimit.Config{Prefix: "over", Capacity: 10, Refill: 1, Interval: time.Second, Overrides: true})
+	step("a limiter's first operation records its policy; then it sets an override (Overrides, Ledger)", func() {
+		ok(over.SetOverride(ctx, "k", pgratelimit.Override{Capacity: 100, Refill: 5, Until: t0.Add(time.Hour), Note: "trial"}))
+	})
+	step("a check with Overrides, per check", func() { ok(over.AllowN(ctx, "k", 50)) })
+	step("a check with Overrides through the coalescer (its policy recorded first)", func() { ok(overBatch.AllowN(ctx, "k", 1)) })
+	step("AllowAll with Overrides over six keys (arrays)", func() {
+		var cs []pgratelimit.Charge
+		for i := range 6 {
+			cs = append(cs, over.Charge(fmt.Sprintf("m%d", i), 1))
+		}
+		ok(pgratelimit.AllowAll(ctx, cs...))
+	})
+	step("peek with Overrides", func() { ok(over.Peek(ctx, "k")) })
+	step("clear an override", func() { ok(over.ClearOverride(ctx, "k")) })
 	require.NoError(t, client.Close(ctx))
 
 	got := strings.Join(rec.lines, "\n") + "\n"

@@ -131,7 +131,7 @@ func (run *auditRun) acquire(id, key string, weight int64, stop chan struct{}) (
 		r, err := run.s.Acquire(pgratelimit.WithRequestID(ctx, id), key, weight)
 		cancel()
 		switch {
-		case err == nil && r.Acquired:
+		case err == nil && r.Allowed:
 			run.stats.acquired.Add(1)
 			return r.Lease, true
 		case err == nil:
@@ -276,7 +276,7 @@ func comeBack(t *testing.T, s *pgratelimit.Semaphore) {
 			var last time.Time
 			for range auditMax {
 				r, err := s.Acquire(ctx, key, 1)
-				if err != nil || !r.Acquired {
+				if err != nil || !r.Allowed {
 					t.Errorf("key %s: filling: %+v, %v", key, r, err)
 					return
 				}
@@ -286,7 +286,7 @@ func comeBack(t *testing.T, s *pgratelimit.Semaphore) {
 			wctx, cancel := context.WithTimeout(ctx, auditTTL+30*time.Second)
 			defer cancel()
 			r, err := s.Wait(wctx, key, 1)
-			if err != nil || !r.Acquired {
+			if err != nil || !r.Allowed {
 				t.Errorf("key %s: the abandoned units did not come back within TTL + 30s: %+v, %v", key, r, err)
 				return
 			}

@@ -33,7 +33,7 @@ func TestLeaseRepeatableRead(t *testing.T) {
 
 	r, err = s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 
 	r, err = s.In(pgratelimit.PgxTx(tx)).Acquire(ctx, "k", 1)
 	var pgErr *pgconn.PgError
@@ -77,6 +77,6 @@ VALUES ('del', 'k', 0, '0001-01-01', now() + interval '2 minutes',
 
 	a := <-got
 	require.NoError(t, a.err)
-	require.False(t, a.r.Acquired, "the other lease holds the only unit")
-	require.Equal(t, int64(1), a.r.Held)
+	require.False(t, a.r.Allowed, "the other lease holds the only unit")
+	require.Equal(t, int64(1), a.r.Limit-a.r.Remaining)
 }

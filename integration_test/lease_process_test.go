@@ -70,8 +70,8 @@ func TestLeaseKilledProcess(t *testing.T) {
 
 	r, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.False(t, r.Acquired, "the dead process's leases still count")
-	require.Equal(t, int64(helperMax), r.Held)
+	require.False(t, r.Allowed, "the dead process's leases still count")
+	require.Equal(t, int64(helperMax), r.Limit-r.Remaining)
 
 	// Back at their expiry (a waiter polls then): the bound is generous,
 	// only there to fail rather than wait for ever.
@@ -79,7 +79,7 @@ func TestLeaseKilledProcess(t *testing.T) {
 	defer cancel()
 	r, err = s.Wait(wctx, "k", helperMax)
 	require.NoError(t, err, "every unit back after the TTL")
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	require.False(t, r.Lease.AcquiredAt.Before(expiry), "not before the dead leases expired")
 	t.Logf("units back %s after the kill, %s after the leases' expiry", time.Since(killed).Round(time.Millisecond),
 		r.Lease.AcquiredAt.Sub(expiry).Round(time.Millisecond))
@@ -102,7 +102,7 @@ func TestLeaseHelperProcess(t *testing.T) {
 	for range helperMax {
 		r, err := s.Acquire(ctx, "k", 1)
 		require.NoError(t, err)
-		require.True(t, r.Acquired)
+		require.True(t, r.Allowed)
 		last = r.Lease.ExpiresAt
 	}
 	_, err = os.Stdout.WriteString("acquired " + last.Format(time.RFC3339Nano) + "\n")

@@ -42,8 +42,8 @@ func TestLeaseSemantics(t *testing.T) {
 
 			a, err := s.Acquire(ctx, "k", 2)
 			require.NoError(t, err)
-			require.True(t, a.Acquired)
-			require.Equal(t, int64(2), a.Held)
+			require.True(t, a.Allowed)
+			require.Equal(t, int64(2), a.Limit-a.Remaining)
 			require.Equal(t, int64(3), a.Limit)
 			require.Equal(t, "k", a.Lease.Key)
 			require.Equal(t, t0, a.Lease.AcquiredAt.UTC())
@@ -53,13 +53,13 @@ func TestLeaseSemantics(t *testing.T) {
 			clock.Add(2 * time.Second)
 			b, err := s.Acquire(ctx, "k", 1)
 			require.NoError(t, err)
-			require.True(t, b.Acquired)
+			require.True(t, b.Allowed)
 			require.Greater(t, b.Lease.Token, a.Lease.Token)
 
 			c, err := s.Acquire(ctx, "k", 1)
 			require.NoError(t, err)
-			require.False(t, c.Acquired)
-			require.Equal(t, int64(3), c.Held)
+			require.False(t, c.Allowed)
+			require.Equal(t, int64(3), c.Limit-c.Remaining)
 			require.Equal(t, 8*time.Second, c.RetryAfter)
 
 			ls, err := s.Leases(ctx, "k")
@@ -75,7 +75,7 @@ func TestLeaseSemantics(t *testing.T) {
 			clock.Set(10 * time.Second)
 			c, err = s.Acquire(ctx, "k", 2)
 			require.NoError(t, err)
-			require.True(t, c.Acquired, "a's units are free at its expiry")
+			require.True(t, c.Allowed, "a's units are free at its expiry")
 
 			require.ErrorIs(t, s.Release(ctx, "k", a.Lease.ID), pgratelimit.ErrLeaseExpired)
 			_, err = s.Extend(ctx, "k", a.Lease.ID)
@@ -96,7 +96,7 @@ func TestLeaseSemantics(t *testing.T) {
 			rctx := pgratelimit.WithRequestID(ctx, "req-1")
 			r1, err := s.Acquire(rctx, "k", 1)
 			require.NoError(t, err)
-			require.True(t, r1.Acquired)
+			require.True(t, r1.Allowed)
 			require.Equal(t, "req-1", r1.Lease.ID)
 			r2, err := s.Acquire(rctx, "k", 1)
 			require.NoError(t, err)
@@ -185,7 +185,7 @@ func TestLeaseInTransaction(t *testing.T) {
 	require.NoError(t, err)
 	r, err := s.In(pgratelimit.PgxTx(tx)).Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	_, err = s.In(pgratelimit.PgxTx(tx)).Wait(ctx, "k", 1)
 	require.ErrorIs(t, err, pgratelimit.ErrInvalidArgument)
 	require.NoError(t, tx.Rollback(ctx))
@@ -199,7 +199,7 @@ func TestLeaseInTransaction(t *testing.T) {
 	require.NoError(t, err)
 	r, err = s.In(pgratelimit.SQLTx(stx)).Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	require.NoError(t, stx.Commit())
 	ls, err = s.Leases(ctx, "k")
 	require.NoError(t, err)
@@ -213,7 +213,7 @@ func TestLeaseInTransaction(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	d, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.False(t, d.Acquired)
+	require.False(t, d.Allowed)
 
 	// Tx.AllowAll runs a Semaphore's charge in tx too: rolled back, no
 	// lease.
@@ -279,9 +279,9 @@ func TestLeaseLostReply(t *testing.T) {
 
 	r, err := s.Acquire(rctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	require.Equal(t, "job-42", r.Lease.ID)
-	require.Equal(t, int64(1), r.Held, "the retry took no other unit")
+	require.Equal(t, int64(1), r.Limit-r.Remaining, "the retry took no other unit")
 	ls, err := s.Leases(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, []pgratelimit.Lease{r.Lease}, ls)
@@ -323,9 +323,9 @@ func TestLeaseContextEndsAtCommit(t *testing.T) {
 
 	r, err := s.Acquire(id, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	require.Equal(t, ls[0], r.Lease)
-	require.Equal(t, int64(1), r.Held, "the retry took no other unit")
+	require.Equal(t, int64(1), r.Limit-r.Remaining, "the retry took no other unit")
 	require.NoError(t, s.Release(ctx, "k", "job-7"))
 	require.NoError(t, s.Release(ctx, "k", "job-7"), "a release is safe to retry")
 	ls, err = s.Leases(ctx, "k")
@@ -342,7 +342,7 @@ func TestLeaseWait(t *testing.T) {
 	s := newSemaphore(t, newPool(t), pgratelimit.SemaphoreConfig{Prefix: "w", Max: 1, TTL: time.Minute, MaxWait: 20 * time.Second})
 	held, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, held.Acquired)
+	require.True(t, held.Allowed)
 
 	got := make(chan pgratelimit.LeaseResult, 1)
 	errs := make(chan error, 1)
@@ -357,7 +357,7 @@ func TestLeaseWait(t *testing.T) {
 	require.NoError(t, s.Release(ctx, "k", held.Lease.ID))
 	r := <-got
 	require.NoError(t, <-errs)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	woke := time.Since(released)
 	t.Logf("woken %s after the release (waited %s)", woke.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	require.Less(t, woke, time.Second, "woken by the release's notification, not by a poll")
@@ -367,7 +367,7 @@ func TestLeaseWait(t *testing.T) {
 	require.NoError(t, err)
 	d, err := short.Wait(ctx, "k", 1)
 	require.ErrorIs(t, err, pgratelimit.ErrWaitTooLong)
-	require.False(t, d.Acquired)
+	require.False(t, d.Allowed)
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	_, err = s.Wait(cctx, "k", 1)
@@ -382,7 +382,7 @@ func TestLeaseWaitThroughPgBouncer(t *testing.T) {
 	s := newSemaphore(t, pgbouncerPool(t), pgratelimit.SemaphoreConfig{Prefix: "w", Max: 1, TTL: time.Minute})
 	held, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, held.Acquired)
+	require.True(t, held.Allowed)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
 		_ = s.Release(ctx, "k", held.Lease.ID)
@@ -391,7 +391,7 @@ func TestLeaseWaitThroughPgBouncer(t *testing.T) {
 	defer cancel()
 	r, err := s.Wait(wctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 }
 
 // An expired lease is remembered for one TTL (ErrLeaseExpired), then
@@ -421,7 +421,7 @@ func TestLeaseCleanup(t *testing.T) {
 	require.ErrorIs(t, err, pgratelimit.ErrLeaseExpired)
 	live, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.Equal(t, int64(1), live.Held)
+	require.Equal(t, int64(1), live.Limit-live.Remaining)
 	require.ErrorIs(t, s.Release(ctx, "k", old.Lease.ID), pgratelimit.ErrLeaseExpired, "still remembered after a write")
 
 	clock.Add(10 * time.Second) // old expired 15s ago: forgotten, written or not
@@ -462,7 +462,7 @@ func TestLeaseKeyRowGone(t *testing.T) {
 	for i := range 3 {
 		r, err := s.Acquire(ctx, "k", 1)
 		require.NoError(t, err)
-		require.True(t, r.Acquired, "try %d", i)
+		require.True(t, r.Allowed, "try %d", i)
 		require.NoError(t, s.Release(ctx, "k", r.Lease.ID))
 		// What cleanup does once the key's leases are all forgotten.
 		_, err = pool.Exec(ctx, `DELETE FROM pgratelimit_buckets WHERE prefix = 'gone' AND key = 'k'`)
@@ -470,10 +470,10 @@ func TestLeaseKeyRowGone(t *testing.T) {
 	}
 	r, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.True(t, r.Acquired)
+	require.True(t, r.Allowed)
 	denied, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.False(t, denied.Acquired, "the row made again holds the lease")
+	require.False(t, denied.Allowed, "the row made again holds the lease")
 }
 
 // A Limiter and a Semaphore with the same Prefix and Storage would share
@@ -496,7 +496,7 @@ func TestLeaseSharedPrefix(t *testing.T) {
 
 	l, err := sem.Acquire(ctx, "leases", 1)
 	require.NoError(t, err)
-	require.True(t, l.Acquired)
+	require.True(t, l.Allowed)
 	_, err = lim.Allow(ctx, "leases") // cannot tell: it reads no leases
 	require.NoError(t, err)
 	require.ErrorIs(t, sem.Release(ctx, "leases", l.Lease.ID), pgratelimit.ErrInvalidConfig)
@@ -517,7 +517,7 @@ func TestLeaseOddIDs(t *testing.T) {
 		for _, id := range ids {
 			r, err := s.Acquire(pgratelimit.WithRequestID(ctx, id), "k", 1)
 			require.NoError(t, err)
-			require.True(t, r.Acquired)
+			require.True(t, r.Allowed)
 			require.Equal(t, id, r.Lease.ID)
 		}
 		ls, err := s.Leases(ctx, "k")
@@ -590,7 +590,7 @@ func TestLeaseMetrics(t *testing.T) {
 	require.NoError(t, err)
 	d, err := s.Acquire(ctx, "k", 1)
 	require.NoError(t, err)
-	require.False(t, d.Acquired)
+	require.False(t, d.Allowed)
 	require.NoError(t, s.Release(ctx, "k", a.Lease.ID))
 	require.NoError(t, s.Release(ctx, "k", a.Lease.ID))
 

@@ -96,17 +96,17 @@ func walkLeases(t *testing.T, rng *rand.Rand, storage pgratelimit.Storage, perCh
 				require.ErrorIs(t, err, pgratelimit.ErrRequestMismatch, where)
 			case live:
 				require.NoError(t, err, where)
-				require.True(t, r.Acquired, "%s: a replay", where)
+				require.True(t, r.Allowed, "%s: a replay", where)
 				require.Equal(t, l.exp, r.Lease.ExpiresAt.UTC(), "%s: the same lease", where)
 			case m.held(ls, now)+w <= m.max:
 				require.NoError(t, err, where)
-				require.True(t, r.Acquired, "%s: %d free", where, m.max-m.held(ls, now))
+				require.True(t, r.Allowed, "%s: %d free", where, m.max-m.held(ls, now))
 				require.Equal(t, id, r.Lease.ID, where)
 				ls[id] = modelLease{weight: w, exp: now.Add(ttl)}
 			default:
 				require.NoError(t, err, where)
-				require.False(t, r.Acquired, "%s: %d held, weight %d", where, m.held(ls, now), w)
-				require.Equal(t, m.held(ls, now), r.Held, where)
+				require.False(t, r.Allowed, "%s: %d held, weight %d", where, m.held(ls, now), w)
+				require.Equal(t, m.held(ls, now), r.Limit-r.Remaining, where)
 			}
 		case op < 6: // release
 			err := s.Release(ctx, key, id)

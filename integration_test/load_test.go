@@ -103,9 +103,9 @@ func TestLeaseLoad(t *testing.T) {
 				switch {
 				case err != nil:
 					return fmt.Errorf("acquire: %w", err)
-				case r.Held > 3:
-					return fmt.Errorf("%s holds %d of Max 3", key, r.Held)
-				case !r.Acquired:
+				case r.Limit-r.Remaining > 3:
+					return fmt.Errorf("%s holds %d of Max 3", key, r.Limit-r.Remaining)
+				case !r.Allowed:
 					return nil
 				}
 				acquired.Add(1)

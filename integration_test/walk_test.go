@@ -1,9 +1,10 @@
 package integration
 
 // The money walk: random sequences of every operation on a key's balance
-// (charges, debits, refunds, settlements, grants, resets, AllowAll), with
-// request IDs reused, cleanup, clock moves across refills, period ends and
-// grant expiries, and plan changes, against the pure account model
+// (charges, debits, refunds, settlements, grants, resets, AllowAll, and
+// per-key overrides set, some until a time the clock passes, and cleared),
+// with request IDs reused, cleanup, clock moves across refills, period ends,
+// grant expiries and overrides' ends, and plan changes, against the pure account model
 // (internal/account) applied one operation at a time: every result compared,
 // the ledger audited against the model's entries and the balances after
 // each run. Faults (short deadlines, terminated backends) hit operations
@@ -67,9 +68,10 @@ type walker struct {
 	mu      sync.Mutex
 	stats   map[string]int // what the walk did, for the log
 	model   map[string]*account.State
-	ledger  map[string][]walkEntry // the entries the model wrote, per key
-	ids     map[string][]string    // the request IDs used on each key
-	past    map[string][]walkOp    // the operations with IDs on each key
+	ledger  map[string][]walkEntry  // the entries the model wrote, per key
+	ids     map[string][]string     // the request IDs used on each key
+	ovs     map[string]walkOverride // each key's override, as set
+	past    map[string][]walkOp     // the operations with IDs on each key
 	nextID  int
 	retries int
 }
@@ -87,6 +89,25 @@ type walkOp struct {
 	amount  int64
 	id      string
 	expires time.Time
+	// override is what an OpPlan operation sets (SetOverride); nil: it
+	// clears (ClearOverride).
+	override *walkOverride
+}
+
+// walkOverride is a key's override in the model.
+type walkOverride struct {
+	capacity, refill int64
+	until            time.Time // zero: no end
+}
+
+// policy is the policy the walk's plan decides key with at now: its
+// override's while it lasts, else the plan's.
+func (w *walker) policy(plan int, key string, now time.Time) account.Policy {
+	p := w.pols[plan]
+	if o, ok := w.ovs[key]; ok && (o.until.IsZero() || now.Before(o.until)) {
+		p.Capacity, p.Refill = o.capacity, o.refill
+	}
+	return p
 }
 
 func (op walkOp) String() string {
@@ -95,9 +116,10 @@ func (op walkOp) String() string {
 
 func newWalker(t *testing.T, pool *pgxpool.Pool, seed uint64) *walker {
 	w := &walker{t: t, rng: mrand.New(mrand.NewPCG(seed, 31)), clock: newClock(), keys: []string{"a", "b", "c", "d", "e", "f"},
-		stats: map[string]int{}, model: map[string]*account.State{}, ledger: map[string][]walkEntry{}, ids: map[string][]string{}, past: map[string][]walkOp{}}
+		stats: map[string]int{}, model: map[string]*account.State{}, ledger: map[string][]walkEntry{}, ids: map[string][]string{}, past: map[string][]walkOp{},
+		ovs: map[string]walkOverride{}}
 	for _, cfg := range walkPlans() {
-		cfg.Prefix, cfg.Grants, cfg.Ledger, cfg.Clock = "walk", true, true, w.clock.Now
+		cfg.Prefix, cfg.Grants, cfg.Ledger, cfg.Overrides, cfg.Clock = "walk", true, true, true, w.clock.Now
 		cfg.RequestIDRetention = 24 * time.Hour
 		l, err := newLimiterOn(pool, cfg)
 		require.NoError(t, err)
@@ -144,7 +166,7 @@ func (w *walker) amount() int64 {
 func (w *walker) pick(key string) walkOp {
 	w.mu.Lock()
 	past := w.past[key]
-	n := w.rng.IntN(20)
+	n := w.rng.IntN(22)
 	w.mu.Unlock()
 	need := w.faults != nil
 	if n < 5 && len(past) > 0 {
@@ -172,6 +194,16 @@ func (w *walker) pick(key string) walkOp {
 		}
 	case n < 19 && !need:
 		op.kind = account.OpReset
+	case n == 20:
+		// An override (no request ID: setting it again changes nothing
+		// more, so a retry is safe), until a time the clock may pass.
+		op.kind = account.OpPlan
+		op.override = &walkOverride{capacity: []int64{20, 60, 150, 400}[w.rng.IntN(4)], refill: []int64{5, 40, 150}[w.rng.IntN(3)]}
+		if w.rng.IntN(2) == 0 {
+			op.override.until = w.clock.Now().Add(time.Duration(1+w.rng.IntN(8)) * 13 * time.Minute)
+		}
+	case n == 21:
+		op.kind = account.OpPlan // clear
 	default:
 		op.kind = 0 // a Peek
 	}
@@ -230,6 +262,12 @@ func (w *walker) call(ctx context.Context, op walkOp) got {
 		g.grant, g.err = l.Grant(ctx, op.key, op.amount, op.expires)
 	case account.OpReset:
 		g.err = l.Reset(ctx, op.key)
+	case account.OpPlan:
+		if o := op.override; o != nil {
+			g.res, g.err = l.SetOverride(ctx, op.key, pgratelimit.Override{Capacity: o.capacity, Refill: o.refill, Until: o.until, Note: "walk"})
+		} else {
+			g.res, g.err = l.ClearOverride(ctx, op.key)
+		}
 	default:
 		g.res, g.err = l.Peek(ctx, op.key)
 	}
@@ -272,8 +310,12 @@ func (w *walker) run(op walkOp) got {
 func (w *walker) check(op walkOp, g got) {
 	t := w.t
 	now := w.clock.Now().Truncate(time.Microsecond)
-	p := w.pols[op.plan]
+	p := w.policy(op.plan, op.key, now)
 	st := w.model[op.key]
+	if op.kind == account.OpPlan {
+		w.override(op, g, now)
+		return
+	}
 	if op.kind == 0 {
 		require.NoError(t, g.err, "%v", op)
 		require.Equal(t, resultOfOutcome(account.Look(p, *st, now, 1)), g.res, "%v: peek", op)
@@ -307,6 +349,30 @@ func (w *walker) check(op walkOp, g got) {
 			w.ledger[op.key] = append(w.ledger[op.key], walkEntry{e, op.id})
 		}
 	}
+}
+
+// override applies an override set or cleared to the model: set, the key's
+// plan changes to it at once (its ledger's plan row); cleared, the plan's
+// policy applies again from the next operation. Both answer as Peek.
+func (w *walker) override(op walkOp, g got, now time.Time) {
+	t := w.t
+	require.NoError(t, g.err, "%v", op)
+	st := w.model[op.key]
+	if o := op.override; o != nil {
+		w.ovs[op.key] = *o
+		p := w.policy(op.plan, op.key, now)
+		ns, c, err := account.Apply(p, *st, now, account.Op{Kind: account.OpPlan})
+		require.NoError(t, err)
+		*st = ns
+		for _, e := range c.Entries {
+			w.ledger[op.key] = append(w.ledger[op.key], walkEntry{e, ""})
+		}
+		w.stats["override set"]++
+	} else {
+		delete(w.ovs, op.key)
+		w.stats["override cleared"]++
+	}
+	require.Equal(t, resultOfOutcome(account.Look(w.policy(op.plan, op.key, now), *st, now, 1)), g.res, "%v", op)
 }
 
 // count notes what an operation did, for the log.
@@ -350,7 +416,7 @@ func (w *walker) allowAll() {
 	t := w.t
 	a, b := w.keys[0], w.keys[1+w.rng.IntN(len(w.keys)-1)]
 	plan := w.rng.IntN(len(w.plans))
-	l, p := w.plans[plan], w.pols[plan]
+	l := w.plans[plan]
 	ca, cb := w.amount(), w.amount()
 	ctx := context.Background()
 	var id string
@@ -370,8 +436,8 @@ func (w *walker) allowAll() {
 	}
 	now := w.clock.Now()
 	sa, sb := w.model[a], w.model[b]
-	na, xa, ea := account.Apply(p, *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id})
-	nb, xb, eb := account.Apply(p, *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id})
+	na, xa, ea := account.Apply(w.policy(plan, a, now), *sa, now, account.Op{Kind: account.OpCharge, Amount: ca, ID: id})
+	nb, xb, eb := account.Apply(w.policy(plan, b, now), *sb, now, account.Op{Kind: account.OpCharge, Amount: cb, ID: id})
 	ra, rb := id != "" && live(sa, id, now), id != "" && live(sb, id, now)
 	if ea != nil || eb != nil || ra != rb {
 		require.Error(t, err, "AllowAll %s %d, %s %d, id %q: the model says %v %v (recorded %v %v)", a, ca, b, cb, id, ea, eb, ra, rb)
@@ -585,7 +651,10 @@ WHERE `+which+` AND pid <> pg_backend_pid() AND backend_type = 'client backend'`
 			})
 		}
 		return context.WithTimeout(context.Background(), 10*time.Second)
-	}, terminating.Wait)
+	}, func() {
+		terminating.Wait()
+		pool.Reset() // the audit reads on connections no termination reached
+	})
 }
 
 func randomHex() string {

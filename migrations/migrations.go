@@ -103,7 +103,7 @@ func Status(ctx context.Context, db *sql.DB) ([]*goose.MigrationStatus, error) {
 // citus extension.
 var ErrNoCitus = errors.New("pgratelimit migrations: the citus extension is not installed in this database; run CREATE EXTENSION citus on the coordinator first")
 
-// Distribute distributes the bucket, grants, requests and ledger tables by key
+// Distribute distributes the bucket, grants, requests, ledger and overrides tables by key
 // across a Citus cluster (create_distributed_table, colocated), so that
 // every statement of a check routes to the one shard that holds its key. Run
 // it on the coordinator after Up (and again after an Up that added a table);
@@ -114,7 +114,8 @@ var ErrNoCitus = errors.New("pgratelimit migrations: the citus extension is not 
 // migration 00008) stay on the coordinator, not distributed: consumers claim
 // events across keys with FOR UPDATE SKIP LOCKED, which Citus runs only on
 // one shard, and only a charge that fires an alert writes to them (its
-// transaction then spans the coordinator and the key's node).
+// transaction then spans the coordinator and the key's node). So does
+// pgratelimit_policies (migration 00010), written once per process.
 func Distribute(ctx context.Context, db *sql.DB) error {
 	var citus bool
 	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
@@ -126,7 +127,7 @@ func Distribute(ctx context.Context, db *sql.DB) error {
 	// Tables distributed by the same text column are colocated by default:
 	// a key's grants live on its buckets' node, so a check's statements all
 	// route to one node.
-	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets", "pgratelimit_grants", "pgratelimit_requests", "pgratelimit_ledger"} {
+	for _, table := range []string{"pgratelimit_buckets", "pgratelimit_ephemeral_buckets", "pgratelimit_grants", "pgratelimit_requests", "pgratelimit_ledger", "pgratelimit_overrides"} {
 		var exists, distributed bool
 		err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL,
        EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass($1))`, table).Scan(&exists, &distributed)

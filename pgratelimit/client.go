@@ -2,6 +2,7 @@ package pgratelimit
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -30,6 +31,13 @@ type ClientConfig struct {
 	// with the pool's own settings (host and port replaced), so that the
 	// coordinator does no work for it; see the README's "Citus".
 	DisableRouting bool
+
+	// DisablePolicyRecord stops the client's limiters recording their
+	// policies in pgratelimit_policies (see docs/overrides.md): for tools
+	// that look at an application's keys under its policy, such as the
+	// CLI, and must not show up as one of its instances. Defaults to
+	// false: each limiter records its policy at its first operation.
+	DisablePolicyRecord bool
 }
 
 // Client is what the limiters of one pool share: the coalescer that decides
@@ -46,15 +54,17 @@ type ClientConfig struct {
 //
 // A Client is safe for concurrent use.
 type Client struct {
+	mem   *engine.Memory // NewMemoryClient's: no database
 	pool  *pgxpool.Pool
 	co    *coalesce.Coalescer
 	gate  gate
 	slots int // batches in flight per pool (ClientConfig.CoalesceConns)
 
-	routing bool                         // route checks to Citus nodes
-	route   atomic.Pointer[citus.Router] // set once the dialect is Citus, if routing
-	nodesMu sync.Mutex
-	nodes   map[*citus.Node]*coalesce.Coalescer // the coalescers of the nodes routed to
+	routing  bool                         // route checks to Citus nodes
+	noRecord bool                         // ClientConfig.DisablePolicyRecord
+	route    atomic.Pointer[citus.Router] // set once the dialect is Citus, if routing
+	nodesMu  sync.Mutex
+	nodes    map[*citus.Node]*coalesce.Coalescer // the coalescers of the nodes routed to
 
 	dia       atomic.Pointer[engine.Dialect] // nil until known
 	detecting sync.Mutex                     // one detection at a time
@@ -63,6 +73,17 @@ type Client struct {
 	// refund, reset or grant through any of them clears the key's entries.
 	denyMu     sync.RWMutex
 	denyCaches map[string][]*denyCache
+
+	// The policies the client's limiters have recorded (their Record
+	// arguments, as one string): each once.
+	policies sync.Map
+}
+
+// notedPolicy says whether a limiter of c has recorded the policy of args
+// already, and notes that it has.
+func (c *Client) notedPolicy(args []any) bool {
+	_, seen := c.policies.LoadOrStore(fmt.Sprint(args...), true)
+	return seen
 }
 
 // defaultCoalesceConns is ClientConfig.CoalesceConns's default.
@@ -84,6 +105,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	}
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
+	c.noRecord = cfg.DisablePolicyRecord
 	d, err := citus.Detect(ctx, c.pool)
 	if err != nil {
 		return nil, err
@@ -105,6 +127,23 @@ func orDefault(v, def int) int {
 		return def
 	}
 	return v
+}
+
+// NewMemoryClient returns a Client whose limiters keep their buckets in
+// this process's memory, for the tests of code that takes a *Limiter
+// (handlers, jobs) without a database. Its limiters decide every operation
+// with the same account model, as one transaction would, each all or
+// nothing and one at a time: checks, AllowAll over its limiters, Wait,
+// Peek, Refund, Reset, grants, debits, settlements, request IDs and the
+// ledger. What it cannot do: the caller's transactions (In: every
+// operation is ErrInvalidArgument), Semaphores and Config.Alerts (they need
+// the database: ErrInvalidConfig), more than one process, and keeping
+// anything when the process ends. Time is Config.Clock's, else the
+// process's clock (a limiter on the database reads the database's).
+func NewMemoryClient() *Client {
+	c := &Client{mem: engine.NewMemory(), slots: 1, routing: false}
+	c.gate.drained = make(chan struct{})
+	return c
 }
 
 // NewLimiter returns a Limiter for cfg whose checks go through c. It
@@ -160,7 +199,9 @@ func (c *Client) Close(ctx context.Context) error {
 	idle := make(chan struct{})
 	go func() {
 		<-c.gate.drained
-		c.co.Wait()
+		if c.co != nil {
+			c.co.Wait()
+		}
 		c.nodesMu.Lock()
 		for _, co := range c.nodes {
 			co.Wait()
@@ -221,6 +262,9 @@ func (c *Client) run(q *engine.Request, set engine.Settings, seen func(context.C
 		return ErrClosed
 	}
 	defer c.gate.leave()
+	if c.mem != nil {
+		return c.mem.Run(q, set)
+	}
 	d, err := c.dialect(q.Ctx)
 	if err != nil {
 		return err

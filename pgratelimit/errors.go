@@ -48,11 +48,13 @@ var (
 	ErrInvalidCost = errors.New("pgratelimit: invalid cost")
 
 	// ErrCostExceedsCapacity is returned for a cost above Config.Capacity
-	// (summed per bucket in AllowAll) of a limiter without Config.Grants,
+	// (summed per bucket in AllowAll) of a limiter without Config.Grants or
+	// Config.Overrides,
 	// and for a lease's weight above SemaphoreConfig.Max: such a call could
 	// never be allowed, so it is refused before any database access rather
 	// than denied forever. With Grants, a cost above Capacity is not an
-	// error: the key's grants may cover the rest, and the check is decided
+	// error: the key's grants may cover the rest (with Overrides, the key's
+	// override may be bigger), and the check is decided
 	// (allowed or denied, RetryAfter InfDuration when refills and grants
 	// never can) like any other. It matches ErrInvalidArgument too.
 	ErrCostExceedsCapacity = errors.New("pgratelimit: cost exceeds capacity")
@@ -177,9 +179,10 @@ func validateKey(key string) error {
 }
 
 // validateCost checks a check's cost against the limiter's policy: a cost
-// above Capacity could never be allowed, unless grants may cover the rest.
+// above Capacity could never be allowed, unless grants may cover the rest
+// or the key's override may be bigger.
 func (l *Limiter) validateCost(cost int64) error {
-	if l.cfg.Grants && cost >= 1 {
+	if (l.cfg.Grants || l.cfg.Overrides) && cost >= 1 {
 		return nil
 	}
 	if cost < 1 {

@@ -39,6 +39,19 @@ func TestGoldenSQL(t *testing.T) {
 		fmt.Fprintf(&b, "== %s.peek\n%s\n== %s.remove\n%s\n", name, st.Peek, name, st.Remove)
 	}
 	dump("durable", *Durable.statements())
+	overrides := func(name string, st sqlgen.Statements) {
+		for _, part := range []struct {
+			name string
+			ts   *sqlgen.Table
+		}{{"one.overrides", st.One.Overrides}, {"many.overrides", st.Many.Overrides}, {"one.data.overrides", st.One.Data.Overrides}, {"many.data.overrides", st.Many.Data.Overrides}} {
+			for _, f := range []struct{ n, sql string }{
+				{"lock", part.ts.Lock}, {"lockSkip", part.ts.LockSkip}, {"relock", part.ts.Relock},
+				{"lockGrants", part.ts.LockGrants}, {"lockSkipGrants", part.ts.LockSkipGrants}, {"relockGrants", part.ts.RelockGrants},
+			} {
+				fmt.Fprintf(&b, "== %s.%s.%s\n%s\n", name, part.name, f.n, f.sql)
+			}
+		}
+	}
 	dump("ephemeral", *Ephemeral.statements())
 	dump("routed shard", sqlgen.Buckets(`"public"."pgratelimit_buckets_102008"`,
 		`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = 102008 AND groupid = 2)`))
@@ -56,6 +69,12 @@ func TestGoldenSQL(t *testing.T) {
 	fmt.Fprintf(&b, "== notify.one\n%s\n== notify.many\n%s\n== notifyUnbounded.one\n%s\n== notifyUnbounded.many\n%s\n",
 		sqlgen.Notify.One, sqlgen.Notify.Many, sqlgen.NotifyUnbounded.One, sqlgen.NotifyUnbounded.Many)
 	fmt.Fprintf(&b, "== readClock\n%s\n", (&engine.Attempt{}).ReadClock().SQL)
+	// The Overrides variants, after the rest (which they leave as they were).
+	overrides("durable", *Durable.statements())
+	overrides("ephemeral", *Ephemeral.statements())
+	fmt.Fprintf(&b, "== overrides.read\n%s\n== overrides.set\n%s\n== overrides.clear\n%s\n== overrides.list\n%s\n",
+		sqlgen.Overrides.Read, sqlgen.Overrides.Set, sqlgen.Overrides.Clear, sqlgen.Overrides.List)
+	fmt.Fprintf(&b, "== policies.record\n%s\n== policies.list\n%s\n", sqlgen.Policies.Record, sqlgen.Policies.List)
 	for n := 1; n <= 6; n++ {
 		fmt.Fprintf(&b, "== setConfig %d\n%s\n", n, sqlgen.SetConfig(n))
 	}

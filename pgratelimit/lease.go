@@ -8,14 +8,15 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel/metric"
-
 	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/lease"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // SemaphoreConfig is a Semaphore's limit: live leases hold at most Max units
@@ -116,27 +117,23 @@ type Lease struct {
 	AcquiredAt, ExpiresAt time.Time
 }
 
-// LeaseResult is the outcome of an acquisition.
+// LeaseResult is the outcome of an acquisition: a Result, as a limiter's
+// check has it, and the lease. Allowed says the lease was acquired (when
+// not, nothing was written); Limit is the semaphore's Max and Remaining the
+// units the key's live leases leave free, this one counted (Limit minus
+// Remaining is what they hold); RetryAfter is, when not acquired, how long
+// until enough of the live leases expire for this weight, if none is
+// released or extended before (releases usually come sooner); ResetAfter
+// is how long until every live lease of the key has expired; Replayed says
+// the acquisition is a replay: its request ID (WithRequestID) named a live
+// lease of the key, which Lease is, and nothing was taken or written now.
+// Granted and FromGrants are 0.
 type LeaseResult struct {
-	// Acquired says whether the lease was acquired. When not, nothing was
-	// written.
-	Acquired bool
+	Result
 	// Lease is the lease acquired (or, for a retry of an acquisition with
 	// the same request ID, the one it acquired then); zero when not
 	// acquired.
 	Lease Lease
-	// Held is the units the key's live leases hold, this one included.
-	Held int64
-	// Limit is the semaphore's Max.
-	Limit int64
-	// RetryAfter is, when not acquired, how long until enough of the live
-	// leases expire for this weight, if none is released or extended
-	// before (releases usually come sooner). Zero when acquired.
-	RetryAfter time.Duration
-	// Replayed says the acquisition is a replay: its request ID
-	// (WithRequestID) named a live lease of the key, which Lease is, and
-	// nothing was taken or written now (Held counts that lease once).
-	Replayed bool
 }
 
 // Semaphore limits how much of something runs at once per key: a key has
@@ -192,6 +189,9 @@ func (c *Client) NewSemaphore(cfg SemaphoreConfig) (*Semaphore, error) {
 func newSemaphore(c *Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if c.mem != nil {
+		return nil, configError("SemaphoreConfig", "needs a database: a Client of NewMemoryClient has none")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -258,7 +258,8 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	s.decided(key, call)
 	out, _ := call.Outcome(s.row(key))
 	s.metrics.record(q.Ctx, key, q.Allowed, out)
-	res := LeaseResult{Acquired: q.Allowed, Held: out.Held, Limit: s.cfg.Max, RetryAfter: out.RetryAfter, Replayed: out.Replayed}
+	res := LeaseResult{Result: resultOf(q.Outcomes[0].Outcome)}
+	res.Replayed = out.Replayed
 	if q.Allowed {
 		res.Lease = leaseOf(key, out.Lease)
 	}
@@ -391,4 +392,49 @@ func (s *Semaphore) settings() engine.Settings { return engine.Settings{Clock: s
 // from the database or from Go).
 func leaseOf(key string, l lease.Lease) Lease {
 	return Lease{ID: l.ID, Key: key, Weight: l.Weight, Token: l.Token, AcquiredAt: l.AcquiredAt.UTC(), ExpiresAt: l.ExpiresAt.UTC()}
+}
+
+// run runs q as s's operation: in s's transaction (In), else in one of the
+// client's, coalesced unless disabled. what names it in errors (made only
+// when they can say it: a coalesced batch's errors name no call).
+func (s *Semaphore) run(q *engine.Request, what func() string) error {
+	set := s.settings()
+	switch {
+	case s.tx != nil:
+		return s.client.runIn(q.Ctx, s.tx, q, set, what())
+	case s.cfg.DisableCoalescing:
+		return s.client.run(q, set, nil, false, what())
+	}
+	return s.client.run(q, set, nil, true, "")
+}
+
+// maxKnownRows bounds the keys a semaphore remembers (knownRows): past it,
+// it starts again from none.
+const maxKnownRows = 1 << 16
+
+// knownRows are keys whose row a semaphore has seen (an operation of its
+// own locked it), so that its coalesced acquisitions of them skip the
+// INSERT of the row (engine.Charge.NoInsert), which costs a batch as much
+// as the lock. It is only ever a matter of speed: a key whose row cleanup
+// has deleted since (its leases all forgotten) is deferred by its batch and
+// runs again with the INSERT.
+type knownRows struct {
+	keys sync.Map // key -> struct{}
+	n    atomic.Int64
+}
+
+func (k *knownRows) has(key string) bool {
+	_, ok := k.keys.Load(key)
+	return ok
+}
+
+func (k *knownRows) add(key string) {
+	if k.has(key) {
+		return
+	}
+	if k.n.Add(1) > maxKnownRows {
+		k.keys.Clear()
+		k.n.Store(1)
+	}
+	k.keys.Store(key, struct{}{})
 }

@@ -51,7 +51,7 @@ func ExampleSemaphore_Extend() {
 		log.Fatal(err)
 	}
 	res, err := jobs.Acquire(ctx, "resource-9", 1)
-	if err != nil || !res.Acquired {
+	if err != nil || !res.Allowed {
 		log.Fatal("not acquired: ", err)
 	}
 	work, done := context.WithCancel(ctx)

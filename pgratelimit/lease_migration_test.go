@@ -54,7 +54,7 @@ VALUES ('m', 'a', 0, '0001-01-01', now() + interval '2 minutes')`)
 	if err != nil || len(ls) != 1 || ls[0].ID != "live" || ls[0].Weight != 2 || ls[0].Token != 7 {
 		t.Fatalf("leases of a after 00009: %+v, %v", ls, err)
 	}
-	if r, err := s.Acquire(ctx, "a", 1); err != nil || r.Acquired || r.Held != 2 {
+	if r, err := s.Acquire(ctx, "a", 1); err != nil || r.Allowed || r.Limit-r.Remaining != 2 {
 		t.Fatalf("acquire on a full key: %+v, %v", r, err)
 	}
 	if err := s.Release(ctx, "a", "expired"); !errors.Is(err, pgratelimit.ErrLeaseExpired) {

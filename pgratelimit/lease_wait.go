@@ -62,7 +62,7 @@ func (s *Semaphore) Wait(ctx context.Context, key string, weight int64) (LeaseRe
 	for {
 		w := s.wake.add(key)
 		r, err := s.Acquire(ctx, key, weight)
-		if err != nil || r.Acquired {
+		if err != nil || r.Allowed {
 			s.wake.remove(w)
 			return r, err
 		}

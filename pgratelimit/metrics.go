@@ -3,8 +3,11 @@ package pgratelimit
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/alert"
+	"github.com/pgratelimit/pgratelimit/internal/lease"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -23,6 +26,10 @@ type instruments struct {
 	// seen is batchSize as a func value, made once (a method value
 	// allocates at each use).
 	seen func(ctx context.Context, n int)
+	// overridesSet and overridesCleared count SetOverride and
+	// ClearOverride, by prefix (prefixAttr).
+	overridesSet, overridesCleared metric.Int64Counter
+	prefixAttr                     []metric.AddOption
 }
 
 type outcome struct {
@@ -74,6 +81,11 @@ func newInstruments(mp metric.MeterProvider, prefix string) *instruments {
 	}
 	in.plain, in.shadow = sets(), sets(attribute.Bool("pgratelimit.shadow", true))
 	in.seen = in.batchSize
+	in.overridesSet, _ = m.Int64Counter("pgratelimit.overrides.set", metric.WithUnit("{override}"),
+		metric.WithDescription("Overrides set (SetOverride), by limiter prefix."))
+	in.overridesCleared, _ = m.Int64Counter("pgratelimit.overrides.cleared", metric.WithUnit("{override}"),
+		metric.WithDescription("Overrides cleared (ClearOverride), by limiter prefix."))
+	in.prefixAttr = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("pgratelimit.prefix", prefix)))}
 	return in
 }
 
@@ -134,4 +146,103 @@ func (in *instruments) recordDenied(ctx context.Context, start time.Time) {
 	denied := in.outcomes(ctx).denied
 	in.checks.Add(ctx, 1, denied.add...)
 	in.duration.Record(ctx, time.Since(start).Seconds(), denied.record...)
+}
+
+// eventInstruments count usage alert events, by limiter prefix and kind
+// (few of each: never a key).
+type eventInstruments struct {
+	emittedCount metric.Int64Counter
+}
+
+func newEventInstruments(mp metric.MeterProvider) *eventInstruments {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(meterName)
+	in := &eventInstruments{}
+	// As in newInstruments: a refused instrument is a working no-op.
+	in.emittedCount, _ = m.Int64Counter("pgratelimit.events.emitted", metric.WithUnit("{event}"),
+		metric.WithDescription("Usage alert events written by checks' transactions, by limiter prefix and kind (used, below, exhausted); counted when the database confirms the write, before COMMIT."))
+	return in
+}
+
+func eventAttrs(prefix, kind string) metric.MeasurementOption {
+	return metric.WithAttributeSet(attribute.NewSet(
+		attribute.String("pgratelimit.prefix", prefix), attribute.String("pgratelimit.event.kind", kind)))
+}
+
+// emitted counts an event written.
+func (in *eventInstruments) emitted(ctx context.Context, prefix string, k alert.Kind) {
+	in.emittedCount.Add(ctx, 1, eventAttrs(prefix, k.String()))
+}
+
+// leaseInstruments are a semaphore's OpenTelemetry instruments, with its
+// attribute set (the prefix alone: keys would be unbounded) made once, and
+// the leases it counts as held, so that each is counted once however often
+// it is replayed or released.
+type leaseInstruments struct {
+	held   metric.Int64UpDownCounter
+	denied metric.Int64Counter
+	add    []metric.AddOption
+	leases sync.Map // heldLease -> weight
+}
+
+// heldLease names a lease this process holds.
+type heldLease struct{ key, id string }
+
+func newLeaseInstruments(mp metric.MeterProvider, prefix string) *leaseInstruments {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(meterName)
+	in := &leaseInstruments{add: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("pgratelimit.prefix", prefix)))}}
+	// As for a limiter's: a provider that refuses one only loses it.
+	in.held, _ = m.Int64UpDownCounter("pgratelimit.leases.held", metric.WithUnit("{unit}"),
+		metric.WithDescription("Units held by the leases this process acquired and has not released, by semaphore prefix "+
+			"(one that expired unreleased counts until its Release)."))
+	in.denied, _ = m.Int64Counter("pgratelimit.leases.denied", metric.WithUnit("{acquisition}"),
+		metric.WithDescription("Lease acquisitions denied for want of free units, by semaphore prefix."))
+	return in
+}
+
+// record counts the outcome out of an acquisition on key: its units held
+// when acquired (once per lease), a denial otherwise.
+func (in *leaseInstruments) record(ctx context.Context, key string, acquired bool, out lease.Outcome) {
+	if !acquired {
+		in.denied.Add(ctx, 1, in.add...)
+		return
+	}
+	if _, had := in.leases.LoadOrStore(heldLease{key, out.Lease.ID}, out.Lease.Weight); !had {
+		in.held.Add(ctx, out.Lease.Weight, in.add...)
+	}
+}
+
+// released counts lease id of key released (or found expired) by this
+// process.
+func (in *leaseInstruments) released(ctx context.Context, key, id string) {
+	if w, had := in.leases.LoadAndDelete(heldLease{key, id}); had {
+		in.held.Add(ctx, -w.(int64), in.add...)
+	}
+}
+
+// shadowKey marks a context made by WithShadow.
+type shadowKey struct{}
+
+// WithShadow returns a copy of ctx that marks the checks made with it as
+// shadow checks: checks of a limit being rolled out, whose answer the caller
+// logs but does not enforce (the Config.Shadow of httplimit, grpclimit and
+// connectlimit makes their checks this way). Such checks
+// are recorded with the attribute pgratelimit.shadow=true in
+// pgratelimit.checks and pgratelimit.check.duration, so a dashboard can tell
+// the would-be denials of a shadowed limit from the denials of enforced ones.
+// Nothing else changes: the check runs, an allowed check takes its tokens and
+// a denied one writes nothing, exactly as without it.
+func WithShadow(ctx context.Context) context.Context {
+	return context.WithValue(ctx, shadowKey{}, true)
+}
+
+// isShadow reports whether ctx was made by WithShadow.
+func isShadow(ctx context.Context) bool {
+	v, _ := ctx.Value(shadowKey{}).(bool)
+	return v
 }

@@ -224,6 +224,11 @@ func (cl call) recordLeases(charges []Charge, m MultiResult) {
 func (cl call) run(charges []Charge, tx *Tx) error {
 	set, co := settingsOf(charges), coalesces(charges)
 	client, _ := charges[0].owner()
+	for _, c := range charges {
+		if c.lim != nil {
+			c.lim.notePolicy(cl.q.Ctx)
+		}
+	}
 	if tx != nil {
 		return client.runIn(cl.q.Ctx, tx, cl.q, set, "check")
 	}
@@ -284,7 +289,7 @@ func (c Charge) same(i int, first Charge, tx *Tx) error {
 	cc, ctx := c.owner()
 	fc, _ := first.owner()
 	switch {
-	case cc.pool != fc.pool:
+	case cc.pool != fc.pool || cc.mem != fc.mem:
 		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore uses another pool than charge 0's; AllowAll runs one transaction", i)
 	case ctx != nil && tx == nil:
 		return badArg(ErrInvalidArgument, "charge %d's Limiter or Semaphore is bound to a transaction (In); run AllowAll in a transaction with Tx.AllowAll", i)
@@ -324,7 +329,7 @@ func (cl *call) add(i int, c Charge, first Charge) error {
 	if cl.of != nil {
 		cl.of[i] = j
 	}
-	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Policy.Grants {
+	if q.Charges[j].Cost > l.p.Capacity && !q.Charges[j].Policy.Grants && !q.Charges[j].Overrides {
 		return badArg(ErrCostExceedsCapacity, "the costs of %s of prefix %q add up to %d, capacity %d", quoteKey(c.key), l.cfg.Prefix, q.Charges[j].Cost, l.p.Capacity)
 	}
 	return nil

@@ -124,8 +124,8 @@ func ExampleSemaphore() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		if !res.Acquired { // no free slot: a result, not an error
-			fmt.Printf("%d of %d running; one may end within %s\n", res.Held, res.Limit, res.RetryAfter.Round(time.Second))
+		if !res.Allowed { // no free slot: a result, not an error
+			fmt.Printf("%d of %d running; one may end within %s\n", res.Limit-res.Remaining, res.Limit, res.RetryAfter.Round(time.Second))
 			return
 		}
 		fmt.Println("lease", res.Lease.Token > 0) // its fencing token: pass it to what the export writes

@@ -3,8 +3,10 @@ package pgratelimit
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
@@ -74,6 +76,9 @@ func (tx Tx) AllowAll(ctx context.Context, charges ...Charge) (MultiResult, erro
 // lock_timeout, one row per statement whatever the dialect (Citus takes
 // them too). what names it in errors.
 func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engine.Settings, what string) error {
+	if c.mem != nil {
+		return errMemoryTx
+	}
 	if tx.ex == nil {
 		return badArg(ErrInvalidArgument, "tx is nil: pass PgxTx or SQLTx of an open transaction")
 	}
@@ -93,6 +98,9 @@ func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engin
 
 // read runs reads in the caller's transaction tx, else (nil) on c's pool.
 func (c *Client) read(ctx context.Context, tx *Tx, what string, stmts ...engine.Stmt) error {
+	if c.mem != nil {
+		return errMemoryTx // the callers read memory themselves, outside a transaction
+	}
 	ex := engine.Executor(engine.PgxExecutor{Q: c.pool})
 	if tx != nil {
 		if ex = tx.ex; ex == nil {
@@ -112,8 +120,31 @@ func (c *Client) read(ctx context.Context, tx *Tx, what string, stmts ...engine.
 // run runs q as l's operation: in l's transaction (In), else in one of the
 // client's, coalesced when coalesce. seen is told a coalesced batch's size.
 func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, what string) error {
+	l.notePolicy(q.Ctx)
 	if l.tx != nil {
 		return l.client.runIn(q.Ctx, l.tx, q, set, what)
 	}
 	return l.client.run(q, set, l.metrics.seen, coalesce, what)
+}
+
+// errMemoryTx is the error of an operation in a transaction (In) of a
+// limiter of NewMemoryClient.
+var errMemoryTx = badArg(ErrInvalidArgument, "a limiter of NewMemoryClient runs in no transaction (In): it has no database")
+
+// load reads key's account and the check's clock: from l's transaction or
+// pool with stmts, or from the memory of a NewMemoryClient.
+func (l *Limiter) load(ctx context.Context, key, what string, stmts func(*account.State, *time.Time) []engine.Stmt) (account.State, time.Time, error) {
+	var (
+		st  account.State
+		now time.Time
+	)
+	if m := l.client.mem; m != nil {
+		if l.tx != nil {
+			return st, now, errMemoryTx
+		}
+		st, now = m.Read(l.row(key), l.settings())
+		return st, now, nil
+	}
+	err := l.client.read(ctx, l.tx, what, stmts(&st, &now)...)
+	return st, now, err
 }

@@ -124,6 +124,9 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	// The CLI sees and spends grants as a limiter with Config.Grants does,
 	// and records what it changes in the ledger (durable storage only).
 	cfg.Grants, cfg.Ledger = f.grants(), f.grants()
+	// The override commands' limiter reads overrides; the others' do when
+	// the prefix's recorded policy does (storedPolicy).
+	cfg.Overrides = f.overrides
 	if !f.hasPolicy || f.every == "" {
 		return cfg, nil
 	}
@@ -202,8 +205,10 @@ func (f *flags) calendar() (pgratelimit.Calendar, error) {
 	return c, nil
 }
 
-// limiter opens a pool and a limiter of the policy flags; done closes the
-// pool.
+// limiter opens a pool and a limiter of the policy flags, or of the policy
+// the prefix's limiters recorded when no policy flag is given (see
+// storedPolicy); done closes the pool. The CLI's client records no policy
+// of its own.
 func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(), err error) {
 	cfg, err := f.config()
 	if err != nil {
@@ -213,7 +218,21 @@ func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(
 	if err != nil {
 		return nil, nil, err
 	}
-	l, err = pgratelimit.New(pool, cfg)
+	qctx, cancel := f.withTimeout(ctx)
+	defer cancel()
+	if cfg, err = f.storedPolicy(qctx, pool, cfg); err != nil {
+		// The database did not answer: the command's input is still checked
+		// (by the library, before any database access: see unreachable),
+		// and the error is this one.
+		f.unreachable = err
+		l, err = pgratelimit.New(pool, cfg)
+	} else {
+		var client *pgratelimit.Client
+		client, err = pgratelimit.NewClient(qctx, pool, pgratelimit.ClientConfig{DisablePolicyRecord: true})
+		if err == nil {
+			l, err = client.NewLimiter(cfg)
+		}
+	}
 	if err != nil {
 		pool.Close()
 		return nil, nil, configError(err)

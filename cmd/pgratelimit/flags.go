@@ -36,6 +36,7 @@ type flags struct {
 	every       string // a calendar period, or "" for --interval
 	tz          string
 	anchor      string
+	overrides   bool // the limiter has Config.Overrides (the override commands)
 
 	// timeout bounds the command's database work (see command.timeout);
 	// connectTimeout each connection attempt, from connectFrom ("--connect-timeout"
@@ -56,6 +57,10 @@ type flags struct {
 	// inputs name the library's errors of bad input by the flag or
 	// argument that gave it (see input).
 	inputs []input
+	// unreachable is the error of the command's first database access
+	// (the recorded policies' read, see limiter), when it failed to reach
+	// the database.
+	unreachable error
 }
 
 // input is a flag or argument of the command line, name, and the library's
@@ -94,6 +99,12 @@ const defaultConnectTimeout = 5 * time.Second
 // every command has: --database-url, --json, --timeout, --connect-timeout.
 func newFlags(c *cli, name string) *flags {
 	cmd, _ := lookupCommand(name)
+	return newCommandFlags(c, cmd)
+}
+
+// newCommandFlags is newFlags for cmd (a subcommand, which the command
+// table does not list).
+func newCommandFlags(c *cli, cmd command) *flags {
 	f := newFlagSet(c, cmd)
 	f.StringVar(&f.databaseURL, "database-url", "", "PostgreSQL `URL` (default $DATABASE_URL)")
 	f.BoolVar(&f.json, "json", false, "print JSON instead of text")

@@ -21,7 +21,26 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 		}
 		return f.limiter(ctx)
 	}
-	return runOn(f, ctx, args, nargs, open, fn)
+	return runOn(f, ctx, args, nargs, open, f.unlessUnreachable(fn))
+}
+
+// unlessUnreachable runs fn, unless the database could not be reached
+// (flags.unreachable): then fn runs in an ended context, so that the
+// library reports bad input (found before any database access) as it does
+// with a database, and any other outcome is the unreachable database's
+// error.
+func (f *flags) unlessUnreachable(fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+	return func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		if f.unreachable == nil {
+			return fn(ctx, l, pos)
+		}
+		ended, cancel := context.WithCancel(ctx)
+		cancel()
+		if code, err := fn(ended, l, pos); errors.Is(err, pgratelimit.ErrInvalidArgument) {
+			return code, err
+		}
+		return 0, f.unreachable
+	}
 }
 
 // runOn runs a command that works on a limiter or a semaphore: it parses

@@ -192,7 +192,7 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 			}
 			a := acquisition{key: key, weight: *weight, requestID: id, r: r, gaveUp: gaveUp, waited: f.timeout}
 			a.print(f)
-			if !r.Acquired {
+			if !r.Allowed {
 				return exitDenied, nil
 			}
 			return exitOK, nil
@@ -234,9 +234,9 @@ func (a acquisition) print(f *flags) {
 		left = expiresIn(l, now)
 	}
 	if f.json {
-		j := acquireJSON{Key: a.key, Acquired: r.Acquired, Weight: a.weight, Held: r.Held, Limit: r.Limit,
+		j := acquireJSON{Key: a.key, Acquired: r.Allowed, Weight: a.weight, Held: r.Limit - r.Remaining, Limit: r.Limit,
 			RetryAfterMS: msOrNever(r.RetryAfter), Waited: a.gaveUp, RequestID: a.requestID}
-		if r.Acquired {
+		if r.Allowed {
 			j.leaseJSON = leaseJSONOf(l, left)
 		}
 		if a.requestID != "" {
@@ -245,19 +245,19 @@ func (a acquisition) print(f *flags) {
 		f.printJSON(j)
 		return
 	}
-	held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), a.key, l.Token, r.Held, r.Limit, whenIn(left, now))
+	held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), a.key, l.Token, r.Limit-r.Remaining, r.Limit, whenIn(left, now))
 	switch {
 	case replayed:
 		fmt.Fprintf(f.c.stdout, "%s  replayed: request %q already holds this lease, acquired at %s (nothing taken now): %s\n",
 			shownID(l.ID), a.requestID, l.AcquiredAt.Local().Format(time.DateTime+" MST"), held)
-	case r.Acquired:
+	case r.Allowed:
 		fmt.Fprintf(f.c.stdout, "%s  acquired %s\n", shownID(l.ID), held)
 	case a.gaveUp:
 		fmt.Fprintf(f.c.stdout, "denied: waited %s (--timeout) for %s of %q, none came free: %d of %d held (nothing taken); %s\n",
-			human(a.waited), units(a.weight), a.key, r.Held, r.Limit, leaseRetryText(r, now))
+			human(a.waited), units(a.weight), a.key, r.Limit-r.Remaining, r.Limit, leaseRetryText(r, now))
 	default:
 		fmt.Fprintf(f.c.stdout, "denied: %q has %d of %d units held, so not the %d asked for (nothing taken); %s\n",
-			a.key, r.Held, r.Limit, a.weight, leaseRetryText(r, now))
+			a.key, r.Limit-r.Remaining, r.Limit, a.weight, leaseRetryText(r, now))
 	}
 }
 

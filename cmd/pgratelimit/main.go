@@ -86,6 +86,7 @@ func commands() []command {
 			"give up on starting the server and applying the migrations after D; 0: never", dbMore},
 		{"demo", "[--addr A] [--once]", "serve a rate-limited HTTP app and a page to try it on", runDemo, 10 * time.Second,
 			"give up on the database work of the set-up and of each request after D; 0: never", ""},
+		{"override", "set|list|clear [KEY]", "give a key its own capacity and refill, list the overrides, or take one away (docs/overrides.md)", runOverride, 10 * time.Second, "", overrideMore},
 		{"version", "", "print the CLI's module version and the VCS revision it was built from", runVersion, 0, "", ""},
 		{"bench", "[flags]", "measure checks per second under load (--leases: acquire+release pairs of leases)", runBench, time.Minute,
 			"give up on setting up and removing the scratch schema after D (the run itself lasts --duration); 0: never", benchMore},

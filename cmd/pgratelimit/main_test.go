@@ -348,6 +348,7 @@ func TestMessages(t *testing.T) {
 			said = append(said, first)
 		}
 		require.Equal(t, []string{
+			"rolled back 00010_overrides.sql: every key's override is dropped (its limiters' policy applies again at its next check) and the recorded policies are forgotten",
 			"rolled back 00009_leases_in_rows.sql",
 			"rolled back 00008_alerts.sql: the usage alerts' state and events are dropped: events not delivered yet are lost, and lines that fired this period fire again",
 			"rolled back 00007_leases.sql: the leases tables are dropped: every lease is forgotten, so their units are free at once, and the fencing tokens start again from 1 after migrate up",

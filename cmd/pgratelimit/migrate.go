@@ -184,8 +184,9 @@ var lostOnRollback = map[int64]string{
 	4: "the ledger and the request IDs are dropped: every ledger entry is lost, and a charge retried with a request ID seen before would be charged again",
 	6: "the ledger's grant expiries and plan changes and the request IDs of refunds and grants are deleted, the grants' part of every ledger entry " +
 		"and the first outcomes remembered for request IDs are dropped, and the buckets forget the capacity they were written with",
-	7: "the leases tables are dropped: every lease is forgotten, so their units are free at once, and the fencing tokens start again from 1 after migrate up",
-	8: "the usage alerts' state and events are dropped: events not delivered yet are lost, and lines that fired this period fire again",
+	7:  "the leases tables are dropped: every lease is forgotten, so their units are free at once, and the fencing tokens start again from 1 after migrate up",
+	8:  "the usage alerts' state and events are dropped: events not delivered yet are lost, and lines that fired this period fire again",
+	10: "every key's override is dropped (its limiters' policy applies again at its next check) and the recorded policies are forgotten",
 }
 
 // sayChanges says which migrations up or down applied or rolled back, and

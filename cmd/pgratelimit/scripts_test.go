@@ -123,7 +123,7 @@ func TestMigrateDownConfirms(t *testing.T) {
 	code, out, stderr := pgrl(url, "migrate", "down")
 	require.Equal(t, 2, code)
 	require.Empty(t, out)
-	require.Contains(t, stderr, "pgratelimit migrate: migrate down rolls back 00009_leases_in_rows.sql; give --yes to roll back without a terminal to confirm on")
+	require.Contains(t, stderr, "pgratelimit migrate: migrate down rolls back 00010_overrides.sql: every key's override is dropped (its limiters' policy applies again at its next check) and the recorded policies are forgotten; give --yes to roll back without a terminal to confirm on")
 	require.Equal(t, n, applied(), "nothing rolled back")
 
 	onTerminal := func(answer string) (int, string, string) {
@@ -134,17 +134,17 @@ func TestMigrateDownConfirms(t *testing.T) {
 	}
 	code, _, stderr = onTerminal("no\n")
 	require.Equal(t, 2, code)
-	require.Contains(t, stderr, "migrate down rolls back 00009_leases_in_rows.sql.\nRoll back? Type yes to go on: ")
+	require.Contains(t, stderr, "migrate down rolls back 00010_overrides.sql: every key's override is dropped (its limiters' policy applies again at its next check) and the recorded policies are forgotten.\nRoll back? Type yes to go on: ")
 	require.Contains(t, stderr, "not confirmed: nothing rolled back")
 	require.Equal(t, n, applied())
 	code, out, stderr = onTerminal("yes\n")
 	require.Equal(t, 0, code, stderr)
-	require.True(t, strings.HasPrefix(out, "rolled back 00009_leases_in_rows.sql"), out)
+	require.True(t, strings.HasPrefix(out, "rolled back 00010_overrides.sql: every key's override is dropped"), out)
 	require.Equal(t, n-1, applied())
 
 	code, out, stderr = pgrl(url, "migrate", "down", "--yes")
 	require.Equal(t, 0, code, stderr)
-	require.True(t, strings.HasPrefix(out, "rolled back 00008_alerts.sql: the usage alerts' state and events are dropped"), out)
+	require.True(t, strings.HasPrefix(out, "rolled back 00009_leases_in_rows.sql"), out)
 	require.Equal(t, n-2, applied())
 }
 

@@ -9,7 +9,9 @@ import (
 
 // Op is one operation on a key's account.
 type Op struct {
-	// Kind is OpCharge, OpDebit, OpRefund, OpSettle, OpGrant or OpReset.
+	// Kind is OpCharge, OpDebit, OpRefund, OpSettle, OpGrant, OpReset or
+	// OpPlan: a change of plan and nothing else (an override set: the
+	// bucket is loaded under the new policy and stored with its Capacity).
 	Kind Kind
 	// Amount is the cost of a charge, a debit, a refund or a grant (>= 1),
 	// or the actual cost of a settlement (>= 0).
@@ -80,8 +82,9 @@ func Apply(p Policy, s State, now time.Time, op Op) (State, Change, error) {
 		w.grants = append(w.grants, Grant{ID: op.GrantID, Amount: op.Amount, ExpiresAt: op.ExpiresAt, GrantedAt: now, Ledger: p.Ledger})
 	case OpReset:
 		w.b = p.Fresh(now)
+	case OpPlan:
 	}
-	if op.ID == "" || op.Kind == OpReset {
+	if op.ID == "" || op.Kind == OpReset || op.Kind == OpPlan {
 		return w.finish(s, op, nil)
 	}
 	return w.finish(s, op, &Record{Kind: op.Kind, Amount: op.Amount, Spent: spent})
@@ -302,7 +305,7 @@ func (w *work) finish(s State, op Op, rec *Record) (State, Change, error) {
 		}
 	}
 	ns := State{Bucket: s.Bucket, Grants: w.grants, Records: s.Records}
-	if w.b.Tokens != w.loaded || w.plan != 0 || op.Kind == OpReset {
+	if w.b.Tokens != w.loaded || w.plan != 0 || op.Kind == OpReset || op.Kind == OpPlan && w.b.Capacity != s.Bucket.Capacity {
 		w.b.ExpiresAt = w.p.expiry(w.b, w.now)
 		ns.Bucket = w.b
 	}

@@ -52,7 +52,9 @@ func (Coordinator) OneRowBatches() bool { return true }
 type coordinatorRow struct{ engine.OneRow }
 
 // Lock locks each row, then reads its grants when a spends them, for the
-// rows it holds.
+// rows it holds, and its override when a reads overrides (a statement of
+// its own after the lock, so read with a snapshot taken after the lock; a
+// row a skipped defers its requests, whatever was read of its override).
 func (coordinatorRow) Lock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
 	ts := a.Table(&s.Statements().Citus)
 	sql := ts.Lock
@@ -64,6 +66,7 @@ func (coordinatorRow) Lock(s engine.Storage, rows []engine.Row, a *engine.Attemp
 	for _, r := range rows {
 		stmts = append(stmts, engine.Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
+		stmts = append(stmts, a.OverrideRead(r)...)
 	}
 	return stmts
 }
@@ -76,6 +79,7 @@ func (c coordinatorRow) Relock(s engine.Storage, rows []engine.Row, a *engine.At
 	for _, r := range rows {
 		stmts = append(stmts, engine.Stmt{SQL: a.Table(&s.Statements().Citus).Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
+		stmts = append(stmts, a.OverrideRead(r)...)
 	}
 	return append(stmts, c.Clock(a)...)
 }

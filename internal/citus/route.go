@@ -120,7 +120,7 @@ func (r *Router) Route(q *engine.Request) (*Node, engine.Dialect) {
 	var at string
 	for _, c := range q.Charges {
 		m := rt.tables[c.Row.Storage]
-		if m == nil || c.Policy.Grants || c.Policy.Ledger || c.Part != nil || c.Observer != nil {
+		if m == nil || c.Policy.Grants || c.Policy.Ledger || c.Overrides || c.Part != nil || c.Observer != nil {
 			return nil, nil
 		}
 		id, n, ok := m.shardOf(c.Row.Key)

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -27,6 +28,10 @@ func (q *Request) op(c Charge, grantID int64) account.Op {
 // what to write besides them (records, ledger entries, resets). A denied
 // request, a replay and an error change nothing.
 func (a *Attempt) decideOne(q *Request) {
+	if q.Kind == account.OpPlan {
+		a.decidePlan(q)
+		return
+	}
 	if err := a.replays(q); err != nil {
 		q.Err = err
 		return
@@ -39,8 +44,9 @@ func (a *Attempt) decideOne(q *Request) {
 		news, changes = make([]account.State, 0, n), make([]account.Change, 0, n)
 	}
 	news, changes = news[:len(q.Charges)], changes[:len(q.Charges)]
+	charges := a.effective(q.Charges)
 	allowed := true
-	for i, c := range q.Charges {
+	for i, c := range charges {
 		if err := a.shared(c); err != nil {
 			q.Err = err
 			return
@@ -58,7 +64,7 @@ func (a *Attempt) decideOne(q *Request) {
 		allowed = allowed && changes[i].Allowed
 	}
 	outs := make([]Outcome, len(q.Charges))
-	for i, c := range q.Charges {
+	for i, c := range charges {
 		outs[i].Outcome = changes[i].Outcome
 		if allowed && c.Part == nil {
 			outs[i].Replayed = changes[i].Replayed
@@ -83,6 +89,50 @@ func (a *Attempt) decideOne(q *Request) {
 		}
 	}
 	q.Allowed, q.Outcomes = allowed, outs
+}
+
+// effective returns cs with each charge's policy the one that decides it
+// (policyOf): cs itself when no override applies.
+func (a *Attempt) effective(cs []Charge) []Charge {
+	if len(a.overrides) == 0 {
+		return cs
+	}
+	out := cs
+	for i, c := range cs {
+		if p := a.policyOf(c); p.Capacity != c.Policy.Capacity || p.Refill != c.Policy.Refill {
+			if len(out) > 0 && &out[0] == &cs[0] {
+				out = slices.Clone(cs)
+			}
+			out[i].Policy = p
+		}
+	}
+	return out
+}
+
+// decidePlan decides q, an OpPlan request on one key: it sets the key's
+// override and changes the bucket's plan to it at once (a bigger Capacity
+// adds the difference, a smaller one clamps; the ledger's "plan" row), or
+// clears it (the charge's policy applies again from the next operation
+// that locks the row). Its outcome is the key's bucket as Peek reports it
+// afterwards.
+func (a *Attempt) decidePlan(q *Request) {
+	c := q.Charges[0]
+	st := a.state[c.Row]
+	p := c.Policy
+	if o := q.Override; o != nil {
+		p = o.Policy(c.Policy)
+		ns, ch, err := account.Apply(p, *st, a.now, account.Op{Kind: account.OpPlan})
+		if err != nil {
+			q.Err = requestError(err, q, c)
+			return
+		}
+		a.apply(q, c, ns, ch)
+		a.SetOverride(c.Row, *o)
+	} else {
+		delete(a.overrides, c.Row)
+	}
+	a.overrideWrites = append(a.overrideWrites, overrideWrite{row: c.Row, o: q.Override})
+	q.Allowed, q.Outcomes = true, []Outcome{{Outcome: account.Look(p, *st, a.now, 1)}}
 }
 
 // replays checks that q's request ID names a request on all of its buckets

@@ -93,6 +93,9 @@ type Charge struct {
 	Row    Row
 	Policy account.Policy
 	Cost   int64
+	// Overrides says the key's override, while live, replaces Policy's
+	// Capacity and Refill (Config.Overrides): the locks read it.
+	Overrides bool
 	// Part, when set, decides the charge instead of the account model: the
 	// row is then only the key's lock (see Part).
 	Part Part
@@ -110,6 +113,24 @@ type Charge struct {
 	Observer Observer
 }
 
+// Override is a key's override of its limiter's Capacity and Refill.
+type Override struct {
+	Capacity, Refill int64
+	Until            time.Time // zero: no end
+	Note             string
+}
+
+// Live says o applies at now: it is one (Capacity > 0) and has not ended.
+func (o Override) Live(now time.Time) bool {
+	return o.Capacity > 0 && (o.Until.IsZero() || now.Before(o.Until))
+}
+
+// Policy is p under o: o's Capacity and Refill, p's schedule.
+func (o Override) Policy(p account.Policy) account.Policy {
+	p.Capacity, p.Refill = o.Capacity, o.Refill
+	return p
+}
+
 // Request is one call: one or more charges decided together, all or
 // nothing, and its outcome.
 type Request struct {
@@ -119,6 +140,11 @@ type Request struct {
 	ID      string    // the request ID; "" for none
 	Actual  int64     // OpSettle: the actual cost
 	Expires time.Time // OpGrant: the grant's expiry (zero: never)
+	// Override is OpPlan's: the override to set on the request's one
+	// charge, whose plan changes to it at once; nil clears the key's
+	// override (the charge's Policy applies again from the next operation
+	// that locks its row).
+	Override *Override
 
 	// The outcome, once decided (Outcomes not nil) or failed (Err).
 	Allowed  bool

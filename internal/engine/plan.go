@@ -31,6 +31,10 @@ type Plan struct {
 	// readsData: a charge is a Part's, so the locks read the rows' leases
 	// column (Data) too.
 	readsData bool
+	// readsOverrides: a charge has Overrides, so the locks read the rows'
+	// overrides (sqlgen.Table.Overrides, or on Citus a statement of their
+	// own after each lock).
+	readsOverrides bool
 
 	rows      []Row                    // distinct, in lock order
 	inserts   []Row                    // the rows a batch inserts, when not all (Charge.NoInsert)
@@ -51,6 +55,7 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 			p.rows = append(p.rows, c.Row)
 			p.spendsGrants = p.spendsGrants || c.Policy.Grants
 			p.readsData = p.readsData || c.Part != nil
+			p.readsOverrides = p.readsOverrides || c.Overrides
 			noInsert = noInsert || c.NoInsert
 			if _, ok := p.horizons[c.Row]; !ok && q.Kind == account.OpCharge && c.Part == nil {
 				// How long after a new row's first check it is full again:
@@ -114,6 +119,17 @@ type Attempt struct {
 	locals  map[any]any    // the parts' and observers' state (Local)
 	data    map[Row]string // the rows' leases column, when not NULL (Data)
 	notes   [][]any        // notifications (channel, payload), in order (Notify)
+	// overrides are the rows' overrides as read (readsOverrides), and
+	// overrideWrites the rows whose override an OpPlan request sets or
+	// clears, in order.
+	overrides      map[Row]Override
+	overrideWrites []overrideWrite
+}
+
+// overrideWrite is an override set on a row (o not nil), or cleared.
+type overrideWrite struct {
+	row Row
+	o   *Override
 }
 
 func (p *Plan) attempt(ctx context.Context, mode LockMode) *Attempt {
@@ -201,6 +217,9 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			b          account.Bucket
 			capacity   *int64 // NULL: written by an older release
 			leases     *string
+			ovCap      *int64 // NULL: no override
+			ovRefill   *int64
+			ovUntil    *time.Time
 			clock      time.Time
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
@@ -211,6 +230,9 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 		if a.readsData {
 			dest = slices.Insert(dest, 6, any(&leases))
 		}
+		if a.InlineOverrides() {
+			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil))
+		}
 		if placed {
 			dest = append(dest, &here)
 		}
@@ -219,6 +241,7 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 		}
 		for rs.Next() {
 			r, b, capacity, leases, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil, nil
+			ovCap, ovRefill, ovUntil = nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
@@ -239,6 +262,13 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 					a.data = make(map[Row]string)
 				}
 				a.data[r] = *leases
+			}
+			if ovCap != nil {
+				o := Override{Capacity: *ovCap, Refill: *ovRefill}
+				if ovUntil != nil {
+					o.Until = *ovUntil
+				}
+				a.SetOverride(r, o)
 			}
 			if id != nil {
 				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
@@ -356,6 +386,18 @@ func (a *Attempt) close() []Stmt {
 	for _, o := range a.observers() {
 		stmts = append(stmts, o.Write(a)...)
 	}
+	for _, w := range a.overrideWrites {
+		if w.o == nil {
+			stmts = append(stmts, Stmt{SQL: sqlgen.Overrides.Clear, Args: []any{w.row.Prefix, w.row.Key}})
+			continue
+		}
+		until := ""
+		if !w.o.Until.IsZero() {
+			until = w.o.Until.UTC().Format(time.RFC3339Nano)
+		}
+		stmts = append(stmts, Stmt{SQL: sqlgen.Overrides.Set, Args: []any{w.row.Prefix, w.row.Key, w.o.Capacity, w.o.Refill,
+			until, w.o.Note, a.now.UTC().Format(time.RFC3339Nano)}})
+	}
 	if len(a.notes) > 0 {
 		sql := sqlgen.Notify
 		if a.own {
@@ -367,6 +409,42 @@ func (a *Attempt) close() []Stmt {
 		stmts = append(stmts, Stmt{SQL: "COMMIT"})
 	}
 	return stmts
+}
+
+// InlineOverrides says a's locks read the rows' overrides in the locking
+// statements (sqlgen.Table.Overrides): on plain PostgreSQL. Citus's
+// coordinator reads them with OverrideRead, a statement of its own after
+// each lock; a routed transaction has no charge with Overrides.
+func (a *Attempt) InlineOverrides() bool {
+	return a.readsOverrides && a.set.Dialect.Name() != "citus"
+}
+
+// SetOverride notes o as r's override, as read by a's locks.
+func (a *Attempt) SetOverride(r Row, o Override) {
+	if a.overrides == nil {
+		a.overrides = make(map[Row]Override, 1)
+	}
+	a.overrides[r] = o
+}
+
+// OverrideRead is the statement that reads r's override into a after r's
+// lock, when a reads overrides and its locks do not (Citus); else none.
+func (a *Attempt) OverrideRead(r Row) []Stmt {
+	if !a.readsOverrides || a.InlineOverrides() {
+		return nil
+	}
+	return []Stmt{ReadOverride(r, func(o Override) { a.SetOverride(r, o) })}
+}
+
+// policyOf is the policy that decides c in a: its key's override's, while
+// live by a's clock (a charge with Overrides), else its own.
+func (a *Attempt) policyOf(c Charge) account.Policy {
+	if c.Overrides {
+		if o, ok := a.overrides[c.Row]; ok && o.Live(a.now) {
+			return o.Policy(c.Policy)
+		}
+	}
+	return c.Policy
 }
 
 // grantRows are the grants whose amounts a's decisions changed, and the new

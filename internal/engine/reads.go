@@ -65,6 +65,25 @@ func readGrants(r Row, st *account.State) Stmt {
 	}}
 }
 
+// ReadOverride is the statement that reads r's override, calling found
+// with it if r has one.
+func ReadOverride(r Row, found func(Override)) Stmt {
+	return Stmt{SQL: sqlgen.Overrides.Read, Args: []any{r.Prefix, r.Key}, Scan: func(rs RowScanner) error {
+		for rs.Next() {
+			var o Override
+			var until *time.Time
+			if err := rs.Scan(&o.Capacity, &o.Refill, &until); err != nil {
+				return err
+			}
+			if until != nil {
+				o.Until = *until
+			}
+			found(o)
+		}
+		return rs.Err()
+	}}
+}
+
 // readClock reads the clock (clock, or the database's) into now.
 func readClock(clock any, now *time.Time) Stmt {
 	return Stmt{SQL: `SELECT COALESCE($1::timestamptz, clock_timestamp())`, Args: []any{clock}, Scan: func(rs RowScanner) error {

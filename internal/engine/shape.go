@@ -165,10 +165,14 @@ func (arrays) Clock(*Attempt) []Stmt { return nil }
 func (arrays) Guard(*Attempt) []Stmt { return nil }
 
 // Table is ts, or ts.Data when a's locks read the rows' leases column (a
-// charge is a Part's).
+// charge is a Part's), or their Overrides when they read the rows'
+// overrides.
 func (a *Attempt) Table(ts *sqlgen.Table) *sqlgen.Table {
 	if a.readsData {
-		return ts.Data
+		ts = ts.Data
+	}
+	if a.InlineOverrides() && ts.Overrides != nil {
+		ts = ts.Overrides
 	}
 	return ts
 }

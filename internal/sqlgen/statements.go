@@ -76,6 +76,16 @@ type Table struct {
 	// Part, which reads them under the lock, in the same statement. A
 	// transaction of checks alone reads no more than it needs.
 	Data *Table
+	// Overrides are these statements also reading each row's override
+	// (capacity, refill and until, NULL for a key without one), after
+	// capacity and the leases column, through pgratelimit_override: a
+	// volatile function, so that it reads with a snapshot taken after the
+	// row's lock, never an older one (a join would read the statement's
+	// snapshot, taken before the lock was waited for). The statements of a
+	// transaction with a charge of a limiter with Config.Overrides; nil for
+	// Citus's, which reads overrides in statements of their own
+	// (Overrides.Read).
+	Overrides *Table
 }
 
 // placeholderTime is the refilled_at of a placeholder row: Go's zero time,
@@ -106,9 +116,9 @@ const (
 // the clock (a Citus shard's placement check, see shardRows).
 func Buckets(t, extra string) Statements {
 	return Statements{
-		Many:  withData(func(data bool) Table { return manyRows(t, data) }),
-		One:   withData(func(data bool) Table { return oneRow(t, extra, data) }),
-		Citus: withData(func(data bool) Table { return citusRow(t, data) }),
+		Many:  variants(func(data, ov bool) Table { return manyRows(t, data, ov) }, true),
+		One:   variants(func(data, ov bool) Table { return oneRow(t, extra, data, ov) }, extra == ""),
+		Citus: variants(func(data, _ bool) Table { return citusRow(t, data) }, false),
 		Peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		Remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
@@ -141,8 +151,14 @@ func variant(q, skip string, grants bool) string {
 }
 
 // relock upserts rows of values into t, returning them locked with clock
-// (and their leases column after capacity, with data).
-func relock(t, values, clock string, data bool) string {
+// (and their leases column after capacity, with data; and their override
+// after them, with ov).
+func relock(t, values, clock string, data, ov bool) string {
+	if ov {
+		return `WITH b AS (` + relock(t, values, clock, data, false) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + overrideCols + `, b.clock
+FROM b` + overrideOf("b")
+	}
 	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
@@ -150,10 +166,38 @@ RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + 
 }
 
 // relockGrants is relock with the rows' grants.
-func relockGrants(t, values string, data bool) string {
-	return `WITH b AS (` + relock(t, values, dbClock4, data) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, b.clock` + grantCols + `
-FROM b` + grantsOf("b")
+func relockGrants(t, values string, data, ov bool) string {
+	return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols(ov) + `, b.clock` + grantCols + `
+FROM b` + ovJoin("b", ov) + grantsOf("b")
+}
+
+// OverrideFunc is the function that reads a key's override (migration
+// 00010).
+const OverrideFunc = "pgratelimit_override"
+
+// overrideCols are the override columns the Overrides statements return.
+const overrideCols = `, o.capacity, o.refill, o.until`
+
+// overrideOf joins the override of the rows named b, read after their lock.
+func overrideOf(b string) string {
+	return `
+LEFT JOIN LATERAL ` + pgx.Identifier{OverrideFunc}.Sanitize() + `(` + b + `.prefix, ` + b + `.key) o ON true`
+}
+
+// ovCols and ovJoin are overrideCols and overrideOf with ov, else nothing.
+func ovCols(ov bool) string {
+	if ov {
+		return overrideCols
+	}
+	return ""
+}
+
+func ovJoin(b string, ov bool) string {
+	if ov {
+		return overrideOf(b)
+	}
+	return ""
 }
 
 // dataCol is ", " and the leases column of the rows named alias ("":
@@ -168,10 +212,15 @@ func dataCol(alias string, data bool) string {
 	return ", " + alias + ".leases"
 }
 
-// withData returns ts with its Data: f's statements reading the leases
-// column.
-func withData(f func(data bool) Table) Table {
-	ts, data := f(false), f(true)
+// variants returns f's statements with their Data (reading the leases
+// column) and, with ov, their Overrides (reading the rows' overrides; the
+// Data's too).
+func variants(f func(data, ov bool) Table, ov bool) Table {
+	ts, data := f(false, false), f(true, false)
+	if ov {
+		o, do := f(false, true), f(true, true)
+		ts.Overrides, data.Overrides = &o, &do
+	}
 	ts.Data = &data
 	return ts
 }
@@ -180,12 +229,12 @@ func withData(f func(data bool) Table) Table {
 const newOne = `$1, $2, 0, ` + placeholderTime + `, `
 
 // manyRows are the statements over all of a table's rows as arrays (with
-// data, reading the leases column).
-func manyRows(t string, data bool) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `, ` + dbClock3 + `%[2]s
+// data, reading the leases column; with ov, the rows' overrides).
+func manyRows(t string, data, ov bool) Table {
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + ovCols(ov) + `, ` + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ` FROM ` + t + `
-         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t` + ovJoin("r", ov) + `%[3]s`
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
@@ -197,8 +246,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
 		LockGrants:     variant(lock, "", true),
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-		Relock:         relock(t, values, dbClock4, data),
-		RelockGrants:   relockGrants(t, values, data),
+		Relock:         relock(t, values, dbClock4, data, ov),
+		RelockGrants:   relockGrants(t, values, data, ov),
 		Update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
      AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
@@ -208,11 +257,12 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 
 // oneRow are the statements of one row with scalar parameters; extra, if
 // not empty, is one more column that the lock and relock return after the
-// clock (with data, the leases column after capacity).
-func oneRow(t, extra string, data bool) Table {
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, ` + dbClock3 + extra + `%[2]s
+// clock (with data, the leases column after capacity; with ov, the row's
+// override after them).
+func oneRow(t, extra string, data, ov bool) Table {
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols(ov) + `, ` + dbClock3 + extra + `%[2]s
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ` FROM ` + t + `
-      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b` + ovJoin("b", ov) + `%[3]s`
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
 	return Table{
 		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
@@ -225,8 +275,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
 		LockGrants:     variant(lock, "", true),
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-		Relock:         relock(t, values, dbClock4+extra, data),
-		RelockGrants:   relockGrants(t, values, data),
+		Relock:         relock(t, values, dbClock4+extra, data, ov),
+		RelockGrants:   relockGrants(t, values, data, ov),
 		Update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
 	}
 }
@@ -242,7 +292,7 @@ WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	return Table{
 		Lock:     variant(lock, "", false),
 		LockSkip: variant(lock, " SKIP LOCKED", false),
-		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4, data),
+		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4, data, false),
 	}
 }
 

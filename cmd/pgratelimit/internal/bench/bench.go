@@ -48,6 +48,7 @@ type Options struct {
 	Prefill       int           // --prefill: live rows put in the table first
 	Commit        string        // --commit: sync, or async (Config.AsyncCommit)
 	Alerts        bool          // --alerts: Config.Alerts (BenchAlerts)
+	Overrides     float64       // --overrides: Config.Overrides, on this fraction of the keys
 	Leases        bool          // --leases: acquire and release leases (a Semaphore) instead of checks
 	LeaseMax      int64         // --lease-max: SemaphoreConfig.Max with --leases
 }
@@ -94,6 +95,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.NoRouting, "no-routing", false, "on Citus, send every check through the coordinator (ClientConfig.DisableRouting)")
 	fs.StringVar(&o.Commit, "commit", "sync", "sync, or async: Config.AsyncCommit, commits that do not wait for the WAL flush (not with --grants, --ledger or --request-ids)")
 	fs.BoolVar(&o.Alerts, "alerts", false, "Config.Alerts: usage alerts at 80%, 90% and 100% used, at a balance of 100, and when exhausted (durable storage; the report counts the events written)")
+	fs.Float64Var(&o.Overrides, "overrides", 0, "Config.Overrides, with an override (of the same capacity and refill) on this fraction of the --keys, spread evenly, e.g. 0.01 (0: off)")
 	fs.IntVar(&o.Prefill, "prefill", 0, "fill the table with N live rows of the run's prefix before the run (full buckets, as checks left them: the run's --keys are the first of them); at least --keys")
 	fs.BoolVar(&o.Leases, "leases", false, "concurrency leases instead of checks: each worker acquires a lease of --cost units of a key (a Semaphore of --lease-max units per key) and releases it at once; the report counts acquire+release pairs")
 	fs.Int64Var(&o.LeaseMax, "lease-max", 8, "with --leases: the units each key has (SemaphoreConfig.Max)")
@@ -126,6 +128,8 @@ func (o Options) Config() (pgratelimit.Config, error) {
 		return cfg, clierr.Usagef("--grants and --deny-cache must be at least 0")
 	case o.Prefill != 0 && o.Prefill < o.Keys:
 		return cfg, clierr.Usagef("--prefill must be 0 or at least --keys (%d), got %d", o.Keys, o.Prefill)
+	case o.Overrides < 0 || o.Overrides > 1:
+		return cfg, clierr.Usagef("--overrides is a fraction of the keys, from 0 to 1, got %g", o.Overrides)
 	case o.Alerts && cfg.Storage != pgratelimit.Durable:
 		return cfg, clierr.Usagef("--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch")
 	}
@@ -157,6 +161,7 @@ func (o Options) Config() (pgratelimit.Config, error) {
 	cfg.Grants = o.Grants > 0
 	cfg.DenyCacheSize = o.DenyCache
 	cfg.Ledger = o.Ledger
+	cfg.Overrides = o.Overrides > 0
 	cfg.AsyncCommit = o.Commit == "async"
 	if o.Alerts {
 		cfg.Alerts = BenchAlerts
@@ -175,6 +180,7 @@ func (o Options) checkLeases() error {
 		{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval, "--capacity, --refill, --interval"},
 		{o.Limits != 1, "--limits"}, {o.Grants > 0, "--grants"}, {o.DenyCache > 0, "--deny-cache"}, {o.Ledger, "--ledger"},
 		{o.Alerts, "--alerts"}, {o.Commit != "sync", "--commit async"}, {o.Hold, "--hold"}, {o.Prefill > 0, "--prefill"},
+		{o.Overrides > 0, "--overrides"},
 	} {
 		if c.set {
 			checks = append(checks, c.flag)
@@ -234,6 +240,9 @@ func (o Options) contender() string {
 	}
 	if o.Alerts {
 		name += "-alerts"
+	}
+	if o.Overrides > 0 {
+		name += "-overrides"
 	}
 	if o.Commit == "async" {
 		name += "-async"

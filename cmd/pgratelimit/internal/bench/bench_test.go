@@ -231,8 +231,8 @@ func TestRunLeases(t *testing.T) {
 // units held by the workers at once than Max.
 func TestLeaseAudit(t *testing.T) {
 	a := &leaseAudit{max: 2, held: make([]atomic.Int64, 1)}
-	a.answer(0, 1, pgratelimit.LeaseResult{Acquired: true, Held: 2})
-	a.answer(0, 1, pgratelimit.LeaseResult{Held: 2})
+	a.answer(0, 1, pgratelimit.LeaseResult{Result: pgratelimit.Result{Allowed: true, Limit: 2, Remaining: 0}})
+	a.answer(0, 1, pgratelimit.LeaseResult{Result: pgratelimit.Result{Limit: 2, Remaining: 0}})
 	a.hold(0, 1)
 	a.hold(0, 1)
 	a.release(0, 1)
@@ -241,9 +241,9 @@ func TestLeaseAudit(t *testing.T) {
 	a.hold(0, 1)
 	require.Equal(t, "FAILED: key-0 had 3 units held at once by the run's workers, more than --lease-max 2", a.verdict())
 	a = &leaseAudit{max: 2, held: make([]atomic.Int64, 1)}
-	a.answer(0, 1, pgratelimit.LeaseResult{Held: 1})
+	a.answer(0, 1, pgratelimit.LeaseResult{Result: pgratelimit.Result{Limit: 2, Remaining: 1}})
 	require.Equal(t, "FAILED: an acquisition of 1 unit of key-0 was denied with 1 of 2 held", a.verdict())
 	a = &leaseAudit{max: 2, held: make([]atomic.Int64, 1)}
-	a.answer(0, 1, pgratelimit.LeaseResult{Acquired: true, Held: 3})
+	a.answer(0, 1, pgratelimit.LeaseResult{Result: pgratelimit.Result{Allowed: true, Limit: 2, Remaining: -1}})
 	require.Equal(t, "FAILED: an acquisition of key-0 left 3 units held, more than --lease-max 2", a.verdict())
 }

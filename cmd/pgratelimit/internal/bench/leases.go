@@ -36,10 +36,10 @@ func (a *leaseAudit) fail(format string, args ...any) {
 // answer checks an acquisition's answer r for weight on key k.
 func (a *leaseAudit) answer(k int, weight int64, r pgratelimit.LeaseResult) {
 	switch {
-	case r.Acquired && r.Held > a.max:
-		a.fail("an acquisition of %s left %d units held, more than --lease-max %d", keyName(k), r.Held, a.max)
-	case !r.Acquired && r.Held+weight <= a.max:
-		a.fail("an acquisition of %s of %s was denied with %d of %d held", plural(weight, "unit", "units"), keyName(k), r.Held, a.max)
+	case r.Allowed && r.Limit-r.Remaining > a.max:
+		a.fail("an acquisition of %s left %d units held, more than --lease-max %d", keyName(k), r.Limit-r.Remaining, a.max)
+	case !r.Allowed && r.Limit-r.Remaining+weight <= a.max:
+		a.fail("an acquisition of %s of %s was denied with %d of %d held", plural(weight, "unit", "units"), keyName(k), r.Limit-r.Remaining, a.max)
 	}
 }
 
@@ -86,7 +86,7 @@ func newLeaseChecker(ctx context.Context, pool *pgxpool.Pool, o Options) (*check
 		if err != nil {
 			return false, err
 		}
-		if audit.answer(k, weight, r); !r.Acquired {
+		if audit.answer(k, weight, r); !r.Allowed {
 			return false, nil
 		}
 		audit.hold(k, weight)

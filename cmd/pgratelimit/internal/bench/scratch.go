@@ -81,6 +81,16 @@ func (s *scratch) setUp(ctx context.Context, o Options, cfg pgratelimit.Config) 
 		}
 		s.distributed = true
 	}
+	if o.Overrides > 0 {
+		// One key in every 1/F, with the run's own capacity and refill: the
+		// checks read the override and decide as without it, so the audit
+		// holds.
+		step := max(1, int(math.Round(1/o.Overrides)))
+		if _, err := db.ExecContext(ctx, `INSERT INTO pgratelimit_overrides (prefix, key, capacity, refill, note)
+SELECT $1, 'key-' || i, $2, $3, 'bench' FROM generate_series(0, $4 - 1) AS i WHERE i % $5 = 0`, cfg.Prefix, cfg.Capacity, cfg.Refill, o.Keys, step); err != nil {
+			return err
+		}
+	}
 	if o.Grants > 0 {
 		_, err := db.ExecContext(ctx, `INSERT INTO pgratelimit_grants (prefix, key, amount)
 SELECT $1, 'key-' || i, $2 FROM generate_series(0, $3 - 1) AS i`, cfg.Prefix, o.Grants, o.Keys)

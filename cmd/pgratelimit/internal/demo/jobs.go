@@ -81,7 +81,7 @@ func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, 
 // start acquires a slot of key and, if it got one, starts a job holding it.
 func (j *jobs) start(ctx context.Context, key string) (pgratelimit.LeaseResult, error) {
 	r, err := j.sem.Acquire(ctx, key, 1)
-	if err != nil || !r.Acquired {
+	if err != nil || !r.Allowed {
 		return r, err
 	}
 	jb := &job{key: key, lease: r.Lease, ends: time.Now().Add(j.runFor), kill: make(chan struct{})}
@@ -285,14 +285,14 @@ func (a *app) serveJobStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status, msg := http.StatusOK, ""
-	if res.Acquired {
+	if res.Allowed {
 		msg = fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
-			res.Lease.Token, humantime.Duration(a.jobs.runFor), humantime.Duration(a.jobs.ttl/3), res.Held, res.Limit)
+			res.Lease.Token, humantime.Duration(a.jobs.runFor), humantime.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit)
 	} else {
 		status = http.StatusTooManyRequests
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((res.RetryAfter+time.Second-1)/time.Second), 10))
 		msg = fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
-			res.Limit, res.Held, res.Limit, humantime.Duration(res.RetryAfter))
+			res.Limit, res.Limit-res.Remaining, res.Limit, humantime.Duration(res.RetryAfter))
 	}
 	a.writeJobs(r.Context(), w, key, status, msg)
 }

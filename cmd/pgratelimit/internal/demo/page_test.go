@@ -261,8 +261,10 @@ func (b *browser) checkScenarios() {
 	// Two limits at once.
 	b.do("the two-limits scenario", click("scenario-two-limits"))
 	b.waitFor("two limits", fmt.Sprintf(q+`.textContent.includes('Requests denied by one limit took nothing from the other')`, "scenario-status"), 30*time.Second)
-	require.Regexp(t, `^Two limits: [1-6] of 9 allowed; denied: `, b.text("scenario-status"))
-	require.Regexp(t, `^[0-5] of 6$`, b.text("minute"))
+	// The per-minute limit (6) refills whole at each minute of the grid:
+	// a scenario that spans one (a busy machine) may be allowed more.
+	require.Regexp(t, `^Two limits: [1-9] of 9 allowed; denied: `, b.text("scenario-status"))
+	require.Regexp(t, `^[0-6] of 6$`, b.text("minute"))
 }
 
 // credits waits until the credits card shows quota, granted and grants.

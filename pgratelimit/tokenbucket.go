@@ -4,15 +4,15 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/alert"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pgratelimit/pgratelimit/internal/account"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -183,6 +183,16 @@ type Config struct {
 	// to none.
 	Alerts Alerts
 
+	// Overrides makes the limiter's checks read each key's override
+	// (SetOverride), in the statement that locks the key's bucket row (no
+	// extra round trip): while it lasts, it replaces Capacity and Refill
+	// for that key, on every instance at once. Limiters on one Prefix share
+	// the overrides of its keys, but only those with Overrides read them.
+	// Defaults to false: the checks send the statements they sent before
+	// overrides existed, and SetOverride and ClearOverride are
+	// ErrInvalidArgument. See docs/overrides.md.
+	Overrides bool
+
 	// MeterProvider receives the limiter's OpenTelemetry metrics (see
 	// README, Metrics): pgratelimit.checks, pgratelimit.check.duration and
 	// pgratelimit.batch.size. Defaults to otel.GetMeterProvider(), which
@@ -310,6 +320,7 @@ type Limiter struct {
 	deny    *denyCache    // nil: off (Config.DenyCacheSize)
 	metrics *instruments
 	alerts  *alert.Observer // nil: no Config.Alerts
+	note    *policyNote     // records the policy at the first operation
 }
 
 // New returns a Limiter for cfg that keeps its buckets in the database of
@@ -332,12 +343,19 @@ func newLimiter(c *Client, cfg Config) (*Limiter, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	if c.mem != nil && !cfg.Alerts.thresholds().Empty() {
+		return nil, configError("Config.Alerts", "need a database: a limiter of NewMemoryClient writes no events")
+	}
+	if c.mem != nil && cfg.Overrides {
+		return nil, configError("Config.Overrides", "need a database: a limiter of NewMemoryClient reads no overrides")
+	}
 	l := &Limiter{
 		client:  c,
 		cfg:     cfg,
 		p:       cfg.policy(),
 		metrics: newInstruments(cfg.MeterProvider, cfg.Prefix),
 		alerts:  newAlertObserver(cfg),
+		note:    newPolicyNote(cfg),
 	}
 	if cfg.Clock != nil {
 		l.clock = &engine.Clock{Now: cfg.Clock}
@@ -453,7 +471,8 @@ func (l *Limiter) Refund(ctx context.Context, key string, n int64) (Result, erro
 	return l.change(ctx, account.OpRefund, key, n, "refund "+quoteKey(key))
 }
 
-// Peek reports key's bucket as it is now without taking or writing anything.
+// Peek reports key's bucket as it is now without taking or writing anything
+// (with Config.Overrides, under the key's override while it lasts).
 // Remaining is the tokens it holds (negative while the key owes), Granted
 // the credits of the key's live grants (Config.Grants), Allowed whether a
 // check of cost 1 would be allowed (the balance, tokens plus grants, covers
@@ -463,14 +482,15 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 	if err := validateKey(key); err != nil {
 		return Result{}, err
 	}
-	var (
-		st  account.State
-		now time.Time
-	)
-	if err := l.client.read(ctx, l.tx, "peek "+quoteKey(key), engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, &st, &now)...); err != nil {
+	ov, policy := l.peekOverride(key)
+	l.notePolicy(ctx)
+	st, now, err := l.load(ctx, key, "peek "+quoteKey(key), func(st *account.State, now *time.Time) []engine.Stmt {
+		return append(engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, st, now), ov...)
+	})
+	if err != nil {
 		return Result{}, err
 	}
-	return resultOf(account.Look(l.p, st, now, 1)), nil
+	return resultOf(account.Look(policy(now), st, now, 1)), nil
 }
 
 // Reset makes key's bucket full again by deleting its row (its refills keep
@@ -490,7 +510,7 @@ func (l *Limiter) row(key string) engine.Row {
 
 // charge is a charge of cost to key's bucket, with l's policy and settings.
 func (l *Limiter) charge(key string, cost int64) engine.Charge {
-	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost}
+	c := engine.Charge{Row: l.row(key), Policy: l.p, Cost: cost, Overrides: l.cfg.Overrides}
 	if l.alerts != nil {
 		c.Observer = l.alerts
 	}
@@ -544,4 +564,64 @@ func decidedResult(o engine.Outcome) Result {
 // AsyncCommit.
 func errAsyncID(l *Limiter) error {
 	return badArg(ErrInvalidArgument, "a request ID on prefix %q, whose limiter has AsyncCommit: an exactly-once charge must survive a crash (synchronous commit)", l.cfg.Prefix)
+}
+
+// Wait is WaitN with cost 1.
+func (l *Limiter) Wait(ctx context.Context, key string) (Result, error) {
+	return l.WaitN(ctx, key, 1)
+}
+
+// WaitN blocks until a check of cost is allowed, and returns its Result.
+// Between tries it sleeps the denied check's RetryAfter plus a little jitter
+// (other waiters on the same key may take the tokens first, so it can take
+// more than one try).
+//
+// When the wait a denied check reports would pass ctx's deadline, or
+// Config.MaxWait since WaitN was called, WaitN returns at once with
+// ErrWaitTooLong and the denied Result. When ctx ends while it sleeps, it
+// returns promptly with ctx's error. Errors of AllowN are returned as they
+// are.
+func (l *Limiter) WaitN(ctx context.Context, key string, cost int64) (Result, error) {
+	start := time.Now()
+	for {
+		r, err := l.AllowN(ctx, key, cost)
+		if err != nil || r.Allowed {
+			return r, err
+		}
+		wake := time.Now().Add(r.RetryAfter)
+		if dl, ok := ctx.Deadline(); ok && wake.After(dl) {
+			return r, fmt.Errorf("%w: %s needed, context deadline in %s", ErrWaitTooLong, r.RetryAfter, time.Until(dl).Round(time.Millisecond))
+		}
+		if l.cfg.MaxWait > 0 && wake.Sub(start) > l.cfg.MaxWait {
+			return r, fmt.Errorf("%w: %s needed, Config.MaxWait is %s", ErrWaitTooLong, wake.Sub(start).Round(time.Millisecond), l.cfg.MaxWait)
+		}
+		var slack []time.Duration
+		if dl, ok := ctx.Deadline(); ok {
+			slack = append(slack, dl.Sub(wake))
+		}
+		if l.cfg.MaxWait > 0 {
+			slack = append(slack, l.cfg.MaxWait-wake.Sub(start))
+		}
+		sleep := r.RetryAfter + time.Duration(rand.Int64N(int64(maxJitter(r.RetryAfter, slack...))+1))
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return r, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// maxJitter is the most a retry after a wait may be delayed: up to a tenth
+// of the wait, at most 50ms, so waiters woken by the same refill do not all
+// retry at the same instant; never so much that the retry would come after
+// the deadline or MaxWait (it gets at most a quarter of each slack, the
+// time left after the wait).
+func maxJitter(wait time.Duration, slack ...time.Duration) time.Duration {
+	j := min(wait/10, 50*time.Millisecond)
+	for _, s := range slack {
+		j = min(j, s/4)
+	}
+	return max(j, 0)
 }

@@ -1,0 +1,117 @@
+package integration
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/require"
+)
+
+// An override raised mid-period on a key under 64 concurrent checks takes
+// effect for every check that locks the row after it commits: every check
+// that starts after SetOverride returned is decided under it (Limit 1000),
+// the key gives exactly the old capacity plus the difference, and the
+// ledger adds up (one plan row, every balance the previous one plus the
+// amount: the clock stands still, so no refill falls in between). Directly
+// and through PgBouncer in transaction mode, in the suite's coalescing mode.
+func TestOverrideUnderLoad(t *testing.T) {
+	t.Parallel()
+	for _, via := range []string{"direct", "pgbouncer"} {
+		t.Run(via, func(t *testing.T) {
+			t.Parallel()
+			var pool *pgxpool.Pool
+			if via == "pgbouncer" {
+				pool = pgbouncerPool(t)
+			} else {
+				pool = newPool(t)
+			}
+			clock := newClock()
+			l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "raise", Capacity: 100, Refill: 1, Interval: time.Hour,
+				Clock: clock.Now, Ledger: true, Overrides: true, LockTimeout: 10 * time.Second})
+			require.NoError(t, err)
+			overrideLoad(t, l)
+		})
+	}
+}
+
+func overrideLoad(t *testing.T, l *pgratelimit.Limiter) {
+	ctx := context.Background()
+	const workers, attempts, key = 64, 2500, "hot"
+	var (
+		next, allowed atomic.Int64
+		set           atomic.Bool // SetOverride has returned
+		wg            sync.WaitGroup
+		errs          = make(chan error, workers+1)
+	)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= attempts {
+				after := set.Load()
+				r, err := l.AllowN(ctx, key, 1)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if after && r.Limit != 1000 {
+					t.Errorf("a check that started after the override committed was decided under Limit %d", r.Limit)
+				}
+				if r.Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for allowed.Load() < 40 && next.Load() < attempts {
+			time.Sleep(time.Millisecond)
+		}
+		r, err := l.SetOverride(ctx, key, pgratelimit.Override{Capacity: 1000, Refill: 1, Note: "raised under load"})
+		if err != nil {
+			errs <- err
+			return
+		}
+		set.Store(true)
+		if r.Limit != 1000 {
+			t.Errorf("SetOverride: Limit %d", r.Limit)
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("%v", err)
+	}
+	require.Equal(t, int64(1000), allowed.Load(), "allowed: the first 100 and the 900 the override added")
+	r, err := l.Peek(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), r.Remaining)
+	require.Equal(t, int64(1000), r.Limit)
+
+	es, err := l.Ledger(ctx, key, time.Time{})
+	require.NoError(t, err)
+	balance, plans, charged := int64(100), 0, int64(0)
+	for _, e := range es {
+		balance += e.Amount
+		require.Equal(t, balance, e.Balance, "entry %d (%s %d)", e.ID, e.Kind, e.Amount)
+		switch e.Kind {
+		case "plan":
+			plans++
+			require.Equal(t, int64(900), e.Amount)
+		case "charge":
+			charged -= e.Amount
+		default:
+			t.Fatalf("unexpected ledger entry %+v", e)
+		}
+	}
+	require.Equal(t, 1, plans)
+	require.Equal(t, int64(1000), charged)
+	require.Equal(t, int64(0), balance)
+}

@@ -1,0 +1,257 @@
+package pgratelimit
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
+)
+
+// A clock tests move.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func mustResult(t *testing.T, r Result, err error, limit, remaining int64) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Limit != limit || r.Remaining != remaining {
+		t.Fatalf("got %d of %d, want %d of %d", r.Remaining, r.Limit, remaining, limit)
+	}
+}
+
+func TestOverrideArguments(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	clock := &testClock{now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	off, err := New(pool, Config{Prefix: "p", Capacity: 10, Refill: 1, Interval: time.Second, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := off.SetOverride(ctx, "k", Override{Capacity: 5, Refill: 1}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("SetOverride without Config.Overrides: %v", err)
+	}
+	if _, err := off.ClearOverride(ctx, "k"); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("ClearOverride without Config.Overrides: %v", err)
+	}
+	on, err := New(pool, Config{Prefix: "p", Capacity: 10, Refill: 1, Interval: time.Second, Clock: clock.Now, Overrides: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, o := range map[string]Override{
+		"capacity 0":      {Capacity: 0, Refill: 1},
+		"refill 0":        {Capacity: 1, Refill: 0},
+		"negative":        {Capacity: -5, Refill: 1},
+		"until now":       {Capacity: 1, Refill: 1, Until: clock.Now()},
+		"until past":      {Capacity: 1, Refill: 1, Until: clock.Now().Add(-time.Hour)},
+		"until year 10k":  {Capacity: 1, Refill: 1, Until: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		"note too long":   {Capacity: 1, Refill: 1, Note: strings.Repeat("x", maxOverrideNote+1)},
+		"note not UTF-8":  {Capacity: 1, Refill: 1, Note: "\xff"},
+		"note with a NUL": {Capacity: 1, Refill: 1, Note: "a\x00b"},
+	} {
+		if _, err := on.SetOverride(ctx, "k", o); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%s: got %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	if _, err := on.SetOverride(ctx, "", Override{Capacity: 1, Refill: 1}); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("empty key: %v", err)
+	}
+	if _, err := on.ClearOverride(ctx, ""); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("empty key: %v", err)
+	}
+	// The longest note is fine, and nothing above was written.
+	r, err := on.SetOverride(ctx, "k", Override{Capacity: 3, Refill: 1, Note: strings.Repeat("x", maxOverrideNote)})
+	mustResult(t, r, err, 3, 3)
+}
+
+// A raised override adds the difference at once, a lowered one clamps, with
+// the ledger's plan rows; clearing falls back to the policy at the next
+// operation that locks the row; a limiter without Overrides on the same
+// prefix ignores it.
+func TestOverridePlanChanges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	clock := &testClock{now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	cfg := Config{Prefix: "plans", Capacity: 10, Refill: 1, Interval: time.Hour, Clock: clock.Now, Ledger: true, Overrides: true}
+	l, err := New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.AllowN(ctx, "k", 8)
+	mustResult(t, r, err, 10, 2)
+	r, err = l.SetOverride(ctx, "k", Override{Capacity: 100, Refill: 10, Note: "enterprise trial"})
+	mustResult(t, r, err, 100, 92)
+	r, err = l.AllowN(ctx, "k", 50)
+	mustResult(t, r, err, 100, 42)
+	r, err = l.Peek(ctx, "k")
+	mustResult(t, r, err, 100, 42)
+
+	// A limiter without Overrides on the prefix decides with its own policy
+	// (a plan change of its own: it clamps).
+	plain, err := New(pool, Config{Prefix: "plans", Capacity: 10, Refill: 1, Interval: time.Hour, Clock: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = plain.Peek(ctx, "k")
+	mustResult(t, r, err, 10, 10)
+
+	// Refills follow the override's Refill; a plan change applies as of the
+	// last write (42 clamped to 20), then the refills.
+	clock.Add(time.Hour)
+	r, err = l.Peek(ctx, "k")
+	mustResult(t, r, err, 100, 52)
+
+	r, err = l.SetOverride(ctx, "k", Override{Capacity: 20, Refill: 10})
+	mustResult(t, r, err, 20, 20)
+	r, err = l.ClearOverride(ctx, "k")
+	mustResult(t, r, err, 10, 10) // as Peek: the policy's, not written yet
+	r, err = l.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 10, 9)
+	r, err = l.ClearOverride(ctx, "k") // again: nothing to clear
+	mustResult(t, r, err, 10, 9)
+
+	es, err := l.Ledger(ctx, "k", time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range es {
+		got = append(got, e.Kind+" "+strconv.FormatInt(e.Amount, 10)+" = "+strconv.FormatInt(e.Balance, 10))
+	}
+	want := []string{"charge -8 = 2", "plan 90 = 92", "charge -50 = 42", "plan -22 = 20", "plan -10 = 10", "charge -1 = 9"}
+	if strings.Join(got, "; ") != strings.Join(want, "; ") {
+		t.Fatalf("ledger:\n got %v\nwant %v", got, want)
+	}
+}
+
+// An override ends at Until by the checks' clock: the policy applies again.
+func TestOverrideUntil(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	clock := &testClock{now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	l, err := New(pool, Config{Prefix: "until", Capacity: 10, Refill: 10, Interval: 24 * time.Hour, Clock: clock.Now, Overrides: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.SetOverride(ctx, "k", Override{Capacity: 1000, Refill: 1000, Until: clock.Now().Add(time.Hour)})
+	mustResult(t, r, err, 1000, 1000)
+	r, err = l.AllowN(ctx, "k", 500)
+	mustResult(t, r, err, 1000, 500)
+	clock.Add(time.Hour - time.Microsecond)
+	r, err = l.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 1000, 499)
+	clock.Add(time.Microsecond) // Until: the override has ended
+	r, err = l.Peek(ctx, "k")
+	mustResult(t, r, err, 10, 10)
+	r, err = l.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 10, 9)
+}
+
+// SetOverride and ClearOverride in the caller's transaction: written only
+// if it commits.
+func TestOverrideInTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	l, err := New(pool, Config{Prefix: "tx", Capacity: 10, Refill: 1, Interval: time.Hour, Overrides: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) }) // a failed test's: the pool's Close waits for it
+	r, err := l.In(PgxTx(tx)).SetOverride(ctx, "k", Override{Capacity: 50, Refill: 1})
+	mustResult(t, r, err, 50, 50)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err = l.Peek(ctx, "k")
+	mustResult(t, r, err, 10, 10)
+
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	r, err = l.In(PgxTx(tx)).SetOverride(ctx, "k", Override{Capacity: 50, Refill: 1})
+	mustResult(t, r, err, 50, 50)
+	r, err = l.In(PgxTx(tx)).AllowN(ctx, "k", 40)
+	mustResult(t, r, err, 50, 10)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err = l.AllowN(ctx, "k", 5)
+	mustResult(t, r, err, 50, 5)
+
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	r, err = l.In(PgxTx(tx)).ClearOverride(ctx, "k")
+	mustResult(t, r, err, 10, 5)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r, err = l.Peek(ctx, "k")
+	mustResult(t, r, err, 50, 5)
+}
+
+// The checks of a batch (coalesced, arrays) read each key's override.
+func TestOverrideInBatches(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	clock := &testClock{now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	l, err := New(pool, Config{Prefix: "batch", Capacity: 10, Refill: 1, Interval: time.Hour, Clock: clock.Now, Overrides: true, Grants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"k1", "k3", "k5"} {
+		if _, err := l.SetOverride(ctx, k, Override{Capacity: 100, Refill: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var cs []Charge
+	for _, k := range []string{"k0", "k1", "k2", "k3", "k4", "k5"} {
+		cs = append(cs, l.Charge(k, 10))
+	}
+	m, err := AllowAll(ctx, cs...) // six rows: the array statements
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range m.Results {
+		want := int64(0)
+		if i%2 == 1 {
+			want = 90
+		}
+		if r.Remaining != want {
+			t.Errorf("%s: %d left, want %d", cs[i].key, r.Remaining, want)
+		}
+	}
+}
