@@ -13,8 +13,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
-
 // Keys pages through a prefix's keys by key order, Match selects by the
 // start of the key (LIKE's wildcards are plain characters), and CountKeys
 // counts the keys near and at their limit as their last check left them.
@@ -93,7 +91,7 @@ func TestKeysLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if r, err := s.Acquire(ctx, "k", 1); err != nil || !r.Acquired {
+		if r, err := s.Acquire(ctx, "k", 1); err != nil || !r.Allowed {
 			t.Fatal(r, err)
 		}
 	}

@@ -29,6 +29,8 @@ func actions() []action {
 		{"reset", (*handler).reset},
 		{"release", (*handler).release},
 		{"redeliver", (*handler).redeliver},
+		{"override", (*handler).setOverride},
+		{"clear-override", (*handler).clearOverride},
 	}
 }
 
@@ -81,14 +83,9 @@ func (h *handler) grant(ctx context.Context, r *http.Request, prefix, key string
 	if err != nil {
 		return nil, err
 	}
-	var expires time.Time
-	if s := strings.TrimSpace(r.PostForm.Get("expires")); s != "" {
-		if d, derr := time.ParseDuration(s); derr == nil && d > 0 {
-			expires = time.Now().Add(d)
-		} else if expires, err = time.Parse(time.RFC3339, s); err != nil {
-			return nil, fmt.Errorf("%w: expires must be empty (never), a time such as 2027-01-31T00:00:00Z or a duration such as 720h, got %q",
-				pgratelimit.ErrInvalidArgument, s)
-		}
+	expires, err := timeField(r, "expires")
+	if err != nil {
+		return nil, err
 	}
 	g, err := l.Grant(ctx, key, amount, expires)
 	if err != nil {
@@ -139,4 +136,58 @@ func (h *handler) redeliver(ctx context.Context, r *http.Request, _, _ string) (
 		return nil, fmt.Errorf("%w: event must be an event's ID, got %q", pgratelimit.ErrInvalidArgument, r.PostForm.Get("event"))
 	}
 	return []any{"event", id}, events.Redeliver(ctx, h.cfg.Pool, id)
+}
+
+// timeField parses a form's time: empty (the zero time), a duration from
+// now ("720h") or an RFC 3339 time.
+func timeField(r *http.Request, field string) (time.Time, error) {
+	s := strings.TrimSpace(r.PostForm.Get(field))
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return time.Now().Add(d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%w: %s must be empty (never), a time such as 2027-01-31T00:00:00Z or a duration such as 720h, got %q",
+			pgratelimit.ErrInvalidArgument, field, s)
+	}
+	return t, nil
+}
+
+// setOverride sets the key's override: the form's capacity, refill, until
+// (as timeField reads it) and note.
+func (h *handler) setOverride(ctx context.Context, r *http.Request, prefix, key string) ([]any, error) {
+	l, err := h.limiter(prefix)
+	if err != nil {
+		return nil, err
+	}
+	capacity, err := atoi64(r, "capacity")
+	if err != nil {
+		return nil, err
+	}
+	refill, err := atoi64(r, "refill")
+	if err != nil {
+		return nil, err
+	}
+	until, err := timeField(r, "until")
+	if err != nil {
+		return nil, err
+	}
+	o := pgratelimit.Override{Capacity: capacity, Refill: refill, Until: until, Note: r.PostForm.Get("note")}
+	if _, err := l.SetOverride(ctx, key, o); err != nil {
+		return nil, err
+	}
+	return []any{"capacity", capacity, "refill", refill, "until", until, "note", o.Note}, nil
+}
+
+// clearOverride clears the key's override.
+func (h *handler) clearOverride(ctx context.Context, _ *http.Request, prefix, key string) ([]any, error) {
+	l, err := h.limiter(prefix)
+	if err != nil {
+		return nil, err
+	}
+	_, err = l.ClearOverride(ctx, key)
+	return nil, err
 }

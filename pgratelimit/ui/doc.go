@@ -1,7 +1,8 @@
 // Package ui is pgratelimit's operator UI: an http.Handler that shows the
-// limiters' prefixes and keys, a key's balance, bucket, grants, ledger,
-// request IDs, concurrency leases and usage alert events, and acts on them:
-// grant, refund, reset, release a lease, redeliver an event.
+// limiters' prefixes, their recorded policies and keys, a key's balance,
+// bucket, grants, ledger, request IDs, override, concurrency leases and
+// usage alert events, and acts on them: grant, refund, reset, set or clear
+// an override, release a lease, redeliver an event.
 //
 // It has no authentication of its own, as River UI has none: mount it
 // behind the app's (a handler that checks the operator's session, an

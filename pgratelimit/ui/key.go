@@ -27,6 +27,9 @@ type keyPage struct {
 	Row       *admin.Key // the stored row, nil when there is none
 	GrantRows []pgratelimit.Grant
 
+	Overrides bool            // the limiter has Config.Overrides: the page shows and sets the key's
+	Override  *admin.Override // the key's override, nil when it has none
+
 	Ledger     bool
 	LedgerRows []pgratelimit.LedgerEntry // newest first
 	Older      string                    // the URL of the older entries, if any
@@ -73,6 +76,10 @@ func doneText(action string) string {
 		return "The lease was released."
 	case "redeliver":
 		return "The event is due again: a consumer delivers it next."
+	case "override":
+		return "The override is set: every check from now on decides with it."
+	case "clear-override":
+		return "The override is cleared: the limiter's policy applies again."
 	}
 	return ""
 }
@@ -126,6 +133,15 @@ func (h *handler) limiterPart(ctx context.Context, p *keyPage, l *pgratelimit.Li
 	if c.Grants {
 		if p.GrantRows, err = l.Grants(ctx, p.Key); err != nil {
 			return err
+		}
+	}
+	if p.Overrides = c.Overrides; c.Overrides {
+		os, err := admin.Overrides(ctx, h.cfg.Pool, admin.OverrideFilter{Prefix: p.Prefix, Key: p.Key, Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(os) == 1 && os[0].Key == p.Key {
+			p.Override = &os[0]
 		}
 	}
 	if c.Ledger {

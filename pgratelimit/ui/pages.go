@@ -25,7 +25,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"dur":     dur,
 	}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"prefixes", "keys", "key", "error"} {
+	for _, name := range []string{"prefixes", "policies", "keys", "key", "error"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(webFiles, "web/layout.html", "web/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("pgratelimit/ui: parsing the page %s: %w", name, err)
@@ -114,12 +114,19 @@ type prefixRow struct {
 	Counts    admin.KeyCounts
 	Near      int64 // the tokens at or below which a key counts as near its limit
 	Semaphore bool
+	Stored    string // how the policies the limiters recorded compare with this limiter's
+	Differs   bool   // they do not all agree with it
 	Error     string
 }
 
 // servePrefixes is the first page: every prefix with its policy and how
 // many of its keys are near or at their limit.
 func (h *handler) servePrefixes(w http.ResponseWriter, r *http.Request) {
+	stored, err := admin.Policies(r.Context(), h.cfg.Pool)
+	if err != nil {
+		h.fail(w, r, "Prefixes", err)
+		return
+	}
 	var rows []prefixRow
 	for _, p := range h.prefixes {
 		row := prefixRow{Prefix: p}
@@ -128,6 +135,7 @@ func (h *handler) servePrefixes(w http.ResponseWriter, r *http.Request) {
 			c := l.Config()
 			row.Policy, row.Features, storage = policyText(c), features(c), c.Storage
 			row.Near = c.Capacity / 10
+			row.Stored, row.Differs = storedText(c, stored)
 		}
 		if s := h.semaphores[p]; s != nil {
 			c := s.Config()
@@ -145,6 +153,80 @@ func (h *handler) servePrefixes(w http.ResponseWriter, r *http.Request) {
 		rows = append(rows, row)
 	}
 	h.render(w, r, http.StatusOK, "prefixes", view{Title: "Prefixes", Data: rows})
+}
+
+// storedText says how the policies recorded for c's prefix compare with
+// c, and whether any differs.
+func storedText(c pgratelimit.Config, stored []admin.Policy) (string, bool) {
+	var n, same int
+	for _, p := range stored {
+		if p.Prefix == c.Prefix {
+			n++
+			if samePolicy(p, c) {
+				same++
+			}
+		}
+	}
+	switch {
+	case n == 0:
+		return "none recorded yet", false
+	case n == 1 && same == 1:
+		return "the same", false
+	case same == 0:
+		return "another one: see the policies", true
+	}
+	return fmt.Sprintf("%d recorded, %d of them another: instances disagree (see the policies)", n, n-same), true
+}
+
+// samePolicy says whether the recorded policy p is c's.
+func samePolicy(p admin.Policy, c pgratelimit.Config) bool {
+	pc, err := p.Config()
+	if err != nil {
+		return false
+	}
+	loc := func(l *time.Location) string {
+		if l == nil {
+			return "UTC"
+		}
+		return l.String()
+	}
+	return pc.Capacity == c.Capacity && pc.Refill == c.Refill && pc.Interval == c.Interval && pc.Storage == c.Storage &&
+		pc.Calendar.Every == c.Calendar.Every && (c.Calendar.Every == 0 || loc(pc.Calendar.Location) == loc(c.Calendar.Location)) &&
+		pc.Calendar.Anchor.Equal(c.Calendar.Anchor) && pc.Grants == c.Grants && pc.Ledger == c.Ledger && pc.Overrides == c.Overrides
+}
+
+// policyRow is a row of the policies page: a recorded policy, whether its
+// prefix has others, and how it compares with this UI's limiter.
+type policyRow struct {
+	admin.Policy
+	Several bool   // its prefix has several policies recorded
+	Here    string // "same", "another", or "" when this UI has no limiter of the prefix
+}
+
+// servePolicies lists the policies that limiters recorded (admin.Policies),
+// by prefix, and says where instances disagree or differ from this UI's.
+func (h *handler) servePolicies(w http.ResponseWriter, r *http.Request) {
+	ps, err := admin.Policies(r.Context(), h.cfg.Pool)
+	if err != nil {
+		h.fail(w, r, "Policies", err)
+		return
+	}
+	count := map[string]int{}
+	for _, p := range ps {
+		count[p.Prefix]++
+	}
+	rows := make([]policyRow, 0, len(ps))
+	for _, p := range ps {
+		row := policyRow{Policy: p, Several: count[p.Prefix] > 1}
+		if l := h.limiters[p.Prefix]; l != nil {
+			row.Here = "another"
+			if samePolicy(p, l.Config()) {
+				row.Here = "same"
+			}
+		}
+		rows = append(rows, row)
+	}
+	h.render(w, r, http.StatusOK, "policies", view{Title: "Policies", Data: rows})
 }
 
 // policyText says a limiter's policy: "capacity 100, +10 every 1m0s".
@@ -165,7 +247,7 @@ func features(c pgratelimit.Config) []string {
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{c.Grants, "grants"}, {c.Ledger, "ledger"}, {c.RequestIDRetention > 0, "request IDs"},
+	}{{c.Grants, "grants"}, {c.Ledger, "ledger"}, {c.Overrides, "overrides"}, {c.RequestIDRetention > 0, "request IDs"},
 		{len(c.Alerts.UsedFractions)+len(c.Alerts.BalanceAtOrBelow) > 0 || c.Alerts.Exhausted, "alerts"}} {
 		if f.on {
 			fs = append(fs, f.name)

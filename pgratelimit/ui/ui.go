@@ -145,6 +145,7 @@ func (h *handler) index() error {
 func (h *handler) routes() {
 	h.mux = http.NewServeMux()
 	h.mux.HandleFunc("GET /{$}", h.servePrefixes)
+	h.mux.HandleFunc("GET /policies", h.servePolicies)
 	h.mux.HandleFunc("GET /keys", h.serveKeys)
 	h.mux.HandleFunc("GET /key", h.serveKey)
 	static, _ := fs.Sub(webFiles, "web/static")
