@@ -25,7 +25,8 @@ import (
 // The operator UI in a real browser, mounted by the demo at /admin/: find
 // the client's key, open it, grant credits through the form and see the
 // balance and the ledger change; a form without the CSRF token is refused
-// and grants nothing; a read-only UI shows no action. With
+// and grants nothing; an override through its form changes the plan at
+// once; a read-only UI shows no action. With
 // PGRATELIMIT_UPDATE_SCREENSHOT=1 it saves docs/ui.png.
 func TestOperatorUI(t *testing.T) {
 	if _, err := os.Stat(chromium); err != nil {
@@ -88,6 +89,17 @@ func TestOperatorUI(t *testing.T) {
 	b.waitLoad("the key's page", fmt.Sprintf(q+` !== null`, "granted"), time.Minute)
 	require.Equal(t, "40", b.text("granted"), "the refused form granted nothing")
 	require.Len(t, b.ledgerRows(), 3)
+
+	// An override: a bigger plan for this customer, at once.
+	b.do("override", setValue("override-capacity", "200"), setValue("override-refill", "200"),
+		chromedp.SetValue(`input[name="note"]`, "enterprise trial"), chromedp.Click(`[data-testid="override-submit"]`))
+	b.waitLoad("the override", fmt.Sprintf(q+` !== null`, "done"), time.Minute)
+	require.Contains(t, b.text("override"), "Capacity 200, +200 a refill, with no end: “enterprise trial”")
+	require.Equal(t, "200", b.text("limit"))
+	require.Equal(t, "115", b.text("remaining"), "the difference, at once")
+	rows = b.ledgerRows()
+	require.Len(t, rows, 4)
+	require.Contains(t, rows[0], "plan")
 	b.uiScreenshot()
 
 	// The same UI, read-only, beside the demo.
