@@ -29,6 +29,7 @@ var (
 		"pgratelimit/events/example_test.go",
 		"pgratelimit/lease_example_test.go",
 		"pgratelimit/httplimit/readme_example_test.go",
+		"pgratelimit/ui/example_test.go",
 		"grpclimit/example_test.go",
 		"connectlimit/example_test.go",
 	}

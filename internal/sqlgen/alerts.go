@@ -60,6 +60,10 @@ type EventStatements struct {
 	Newest string
 	// After is Newest oldest first: the first $5 events after ID $4.
 	After string
+	// Redeliver makes event $1 undelivered and due now, with no attempts
+	// counted (its last error stays), and notifies channel $2 of its
+	// prefix: a row if the event exists.
+	Redeliver string
 }
 
 // eventColumns are the columns an Event is read from.
@@ -84,5 +88,10 @@ LIMIT $1 FOR UPDATE SKIP LOCKED`,
 WHERE id = $1`,
 		Newest: list + `DESC LIMIT $5`,
 		After:  list + `LIMIT $5`,
+		Redeliver: `WITH e AS (
+    UPDATE ` + ev + ` SET delivered_at = NULL, attempts = 0, next_attempt_at = clock_timestamp()
+    WHERE id = $1 RETURNING prefix
+)
+SELECT pg_notify($2, prefix) FROM e`,
 	}
 }()

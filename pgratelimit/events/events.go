@@ -7,6 +7,7 @@ package events
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -179,4 +180,32 @@ func (e keyError) Error() string { return pgratelimit.ErrInvalidKey.Error() + ":
 
 func (e keyError) Is(target error) bool {
 	return target == pgratelimit.ErrInvalidKey || target == pgratelimit.ErrInvalidArgument
+}
+
+// ErrNotFound is returned by Redeliver for an event that is not in the
+// table (never written, or deleted by cleanup).
+var ErrNotFound = errors.New("pgratelimit/events: event not found")
+
+// Redeliver makes event id undelivered and due now, with no attempts
+// counted, so that a Consumer delivers it again (at once: it notifies
+// them), whether it was delivered or the consumers gave up on it
+// (ConsumerConfig.MaxAttempts). Its LastError stays. It returns
+// ErrNotFound when there is no such event.
+func Redeliver(ctx context.Context, pool *pgxpool.Pool, id int64) error {
+	if pool == nil {
+		return &pgratelimit.ConfigError{Field: "pool", Reason: "is nil"}
+	}
+	rows, err := pool.Query(ctx, sqlgen.Events.Redeliver, id, sqlgen.EventsChannel)
+	if err != nil {
+		return engine.DBError("redeliver an event", err)
+	}
+	found := rows.Next()
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return engine.DBError("redeliver an event", err)
+	}
+	if !found {
+		return fmt.Errorf("%w: ID %d", ErrNotFound, id)
+	}
+	return nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/ui"
 )
 
 // The page: HTML, CSS and a small hand-written script, embedded so the demo
@@ -242,6 +243,17 @@ func (a *app) handler() (http.Handler, error) {
 	mux.Handle("POST /api/jobs/start", a.bounded(http.HandlerFunc(a.serveJobStart)))
 	mux.Handle("POST /api/jobs/kill", a.bounded(http.HandlerFunc(a.serveJobKill)))
 	mux.Handle("POST /api/jobs/reset", a.bounded(http.HandlerFunc(a.serveJobsReset)))
+
+	// The operator UI, on the credits and the jobs (the page's own
+	// limiter changes policy as the page applies new ones). An app mounts
+	// it behind its own auth: the demo serves only its own machine.
+	admin, err := ui.NewHandler(ui.Config{Pool: a.pool, Limiters: []*pgratelimit.Limiter{a.credits.Load()},
+		Semaphores: []*pgratelimit.Semaphore{a.jobs.sem}, Prefix: "/admin", Logger: a.log})
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("GET /admin/", a.bounded(admin)) // (a pattern with a method each, beside "GET /")
+	mux.Handle("POST /admin/", a.bounded(admin))
 	return mux, nil
 }
 

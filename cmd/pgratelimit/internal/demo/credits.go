@@ -22,7 +22,7 @@ import (
 func creditsPolicy() pgratelimit.Config {
 	return pgratelimit.Config{Prefix: creditsPrefix, Capacity: 100, Refill: 100,
 		Calendar: pgratelimit.Calendar{Every: pgratelimit.Month}, Storage: pgratelimit.Durable, Grants: true,
-		Alerts: creditsAlerts}
+		Ledger: true, Overrides: true, Alerts: creditsAlerts}
 }
 
 // creditsPeriod says when the credits quota renews, for the page.

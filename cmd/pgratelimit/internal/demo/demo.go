@@ -213,6 +213,7 @@ func (o Options) walkthrough(ctx context.Context, pool *pgxpool.Pool, page, key 
 		return nil
 	}
 	fmt.Fprintf(o.Stdout, "\nThe page:         %s  (send requests, watch the bucket refill, change the policy)\n", page)
+	fmt.Fprintf(o.Stdout, "The operator UI:  %sadmin/  (the credits' and jobs' keys: balance, grants, ledger, leases, alerts; grant, refund, reset)\n", page)
 	fmt.Fprintf(o.Stdout, "Try it by hand:   curl -i %s\n", limited)
 	cp := creditsPolicy()
 	fmt.Fprintf(o.Stdout, "Credits:          curl -i -X POST '%sapi/credits/charge?cost=7'  (a monthly quota of %d; grant with api/credits/grant?amount=10)\n",
