@@ -104,7 +104,7 @@ func TestAlertsMetrics(t *testing.T) {
 	require.Equal(t, map[string]map[[2]string]int64{"pgratelimit.events.emitted": want, "pgratelimit.events.delivered": want}, got)
 }
 
-// ListEvents: the newest events, newest last; with AfterID the oldest after
+// events.List: the newest events, newest last; with AfterID the oldest after
 // it; filters by prefix, key and time; bad filters refused.
 func TestListEvents(t *testing.T) {
 	t.Parallel()

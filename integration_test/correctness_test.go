@@ -95,7 +95,7 @@ func TestLockTimeoutOnHeldRow(t *testing.T) {
 
 // In the caller's transaction, a new key's refills are reckoned from the
 // clock read after the row lock, not from when the transaction began.
-func TestAllowNTxGridStartsAtTheCheck(t *testing.T) {
+func TestInTxGridStartsAtTheCheck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := newPool(t)

@@ -190,7 +190,7 @@ func TestGrantsInAllowAll(t *testing.T) {
 }
 
 // In the caller's transaction, through every driver: spent only if it
-// commits; GrantTx's grant exists only if it commits.
+// commits; a grant in the caller's transaction (In) exists only if it commits.
 func TestGrantsInCallerTransactions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

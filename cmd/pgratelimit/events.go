@@ -35,7 +35,7 @@ const (
 	followWindow      = 100
 )
 
-// maxEventLimit is ListEvents' largest Limit.
+// maxEventLimit is events.List's largest Limit.
 const maxEventLimit = 10000
 
 // runEvents is `pgratelimit events`: the usage alerts of pgratelimit_events
@@ -159,7 +159,7 @@ func (p *eventPrinter) print(evs []events.Event) {
 func (p *eventPrinter) poll(ctx context.Context, pool *pgxpool.Pool, filter events.Filter) error {
 	for {
 		filter.Limit, filter.AfterID = maxEventLimit, p.last-followWindow
-		// (At AfterID 0 or below, ListEvents returns the newest events
+		// (At AfterID 0 or below, events.List returns the newest events
 		// instead, the same ones unless more than a page came at once.)
 		evs, err := events.List(ctx, pool, filter)
 		if err != nil {
