@@ -114,7 +114,11 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, "ip:127.0.0.1", st.Key)
 	require.Equal(t, int64(5), st.Bucket.Capacity)
 	require.Equal(t, `"demo";q=5;w=5`, st.Policy.Header)
-	require.Equal(t, checkCounts{Allowed: 5, Denied: 2}, st.Checks, "the walkthrough's seven checks, read from pgratelimit.checks")
+	// The walkthrough's seven checks, read from pgratelimit.checks: 5
+	// allowed and 2 denied, unless a refill of the 1s grid fell among them.
+	walk := st.Checks
+	require.Equal(t, int64(7), walk.Allowed+walk.Denied, "%+v", walk)
+	require.True(t, walk.Allowed >= 5 && walk.Denied >= 1, "%+v", walk)
 	require.Empty(t, st.Error)
 	var errBody map[string]string
 
@@ -132,7 +136,7 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/credits/charge?cost=0", nil, &errBody))
 	require.Equal(t, `cost must be a whole number of at least 1, got "0"`, errBody["error"])
 	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
-	require.Equal(t, checkCounts{Allowed: 5, Denied: 2, Invalid: 3}, st.Checks, "bad input is not an error")
+	require.Equal(t, checkCounts{Allowed: walk.Allowed, Denied: walk.Denied, Invalid: 3}, st.Checks, "bad input is not an error")
 	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}, Alerts: []alertJSON{}}, st.Credits)
 
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"soon"}}, &errBody))
