@@ -89,7 +89,7 @@ test-install: ## Release the working tree into a module proxy on disk, then go i
 
 fuzz: ## Run each fuzz target (FUZZ) for longer (FUZZLONG=5m each): the account model, refill math, schedules, input validation, leases, alerts, Citus's hash; every target runs, failures are listed at the end.
 	@failed=(); for t in $(FUZZ); do echo "== fuzz $${t#*:} $${t%%:*}"; \
-	  $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZLONG) -timeout $(FUZZ_TIMEOUT) $${t%%:*} || failed+=("$${t#*:}"); done; \
+	  bash .ci/fuzz-one $${t%%:*} $${t#*:} $(FUZZLONG) $(FUZZ_TIMEOUT) $(GO) || failed+=("$${t#*:}"); done; \
 	$(call failures,make fuzz)
 
 test-walk: ## The money walk for longer: WALKS (default 5) walks of WALK_STEPS (default 3000) steps with random seeds, both coalescing modes, with faults and through PgBouncer.
