@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,4 +116,79 @@ func overrideLoad(t *testing.T, l *pgratelimit.Limiter) {
 	require.Equal(t, 1, plans)
 	require.Equal(t, int64(1000), charged)
 	require.Equal(t, int64(0), balance)
+}
+
+// Cleanup never changes a decision of a limiter with Overrides either: a
+// row it deletes is a full bucket, and the row a check makes again copies
+// the key's override, so it is full under it (TestCleanupNeverChangesADecision
+// with overrides raised, lowered, ending, and cleared along the way, set
+// through limiters of both storages on the prefix).
+func TestOverrideCleanupNeverChangesADecision(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := newClock()
+	var pools [2]*pgxpool.Pool
+	var limiters [2][2]*pgratelimit.Limiter // [cleaned?][storage]
+	for i := range pools {
+		pools[i] = newPool(t)
+		for s, storage := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+			l, err := newLimiterOn(pools[i], pgratelimit.Config{
+				Prefix: "same", Capacity: 7, Refill: 2, Interval: 10 * time.Second, Storage: storage, Clock: clock.Now, Overrides: true,
+			})
+			require.NoError(t, err)
+			limiters[i][s] = l
+		}
+	}
+	set := func(s int, key string, o pgratelimit.Override) {
+		var got [2]pgratelimit.Result
+		for i := range got {
+			r, err := limiters[i][s].SetOverride(ctx, key, o)
+			require.NoError(t, err)
+			got[i] = r
+		}
+		require.Equal(t, got[0], got[1], "set %s", key)
+	}
+	set(0, "k1", pgratelimit.Override{Capacity: 30, Refill: 5})
+	set(1, "k3", pgratelimit.Override{Capacity: 3, Refill: 1})
+	set(0, "k5", pgratelimit.Override{Capacity: 12, Refill: 1, Until: clock.Now().Add(20 * time.Minute)})
+	rng := rand.New(rand.NewPCG(3, 4))
+	var deleted int64
+	for step := range 600 {
+		switch step {
+		case 200:
+			set(1, "k6", pgratelimit.Override{Capacity: 40, Refill: 1})
+		case 400:
+			for i := range pools {
+				_, err := limiters[i][1].ClearOverride(ctx, "k1")
+				require.NoError(t, err)
+			}
+		}
+		if step%20 == 0 {
+			clock.Add(time.Duration(rng.IntN(200)) * time.Second)
+			n, err := deleteExpired(ctx, pools[1], pgratelimit.CleanerConfig{Clock: clock.Now, BatchSize: 3})
+			require.NoError(t, err)
+			deleted += n
+		}
+		clock.Add(time.Duration(rng.IntN(4000)) * time.Millisecond)
+		key := fmt.Sprintf("k%d", rng.IntN(8))
+		s := rng.IntN(2)
+		var got [2]pgratelimit.Result
+		if rng.IntN(4) == 0 {
+			for i := range got {
+				r, err := limiters[i][s].Peek(ctx, key)
+				require.NoError(t, err)
+				got[i] = r
+			}
+		} else {
+			cost := 1 + rng.Int64N(7)
+			for i := range got {
+				r, err := limiters[i][s].AllowN(ctx, key, cost)
+				require.NoError(t, err)
+				got[i] = r
+			}
+		}
+		require.Equal(t, got[0], got[1], "step %d, key %s", step, key)
+	}
+	require.Positive(t, deleted, "cleanup deleted rows along the way")
+	t.Logf("%d rows deleted by cleanups between the checks", deleted)
 }

@@ -45,7 +45,7 @@ func TestGoldenSQL(t *testing.T) {
 			ts   *sqlgen.Table
 		}{{"one.overrides", st.One.Overrides}, {"many.overrides", st.Many.Overrides}, {"one.data.overrides", st.One.Data.Overrides}, {"many.data.overrides", st.Many.Data.Overrides}} {
 			for _, f := range []struct{ n, sql string }{
-				{"lock", part.ts.Lock}, {"lockSkip", part.ts.LockSkip}, {"relock", part.ts.Relock},
+				{"insert", part.ts.Insert}, {"lock", part.ts.Lock}, {"lockSkip", part.ts.LockSkip}, {"relock", part.ts.Relock},
 				{"lockGrants", part.ts.LockGrants}, {"lockSkipGrants", part.ts.LockSkipGrants}, {"relockGrants", part.ts.RelockGrants},
 			} {
 				fmt.Fprintf(&b, "== %s.%s.%s\n%s\n", name, part.name, f.n, f.sql)
@@ -72,6 +72,12 @@ func TestGoldenSQL(t *testing.T) {
 	// The Overrides variants, after the rest (which they leave as they were).
 	overrides("durable", *Durable.statements())
 	overrides("ephemeral", *Ephemeral.statements())
+	for _, st := range []struct {
+		name string
+		st   *sqlgen.Statements
+	}{{"durable", Durable.statements()}, {"ephemeral", Ephemeral.statements()}} {
+		fmt.Fprintf(&b, "== %[1]s.mark\n%[2]s\n== %[1]s.hold\n%[3]s\n", st.name, st.st.Mark, st.st.Hold)
+	}
 	fmt.Fprintf(&b, "== overrides.read\n%s\n== overrides.set\n%s\n== overrides.clear\n%s\n== overrides.list\n%s\n",
 		sqlgen.Overrides.Read, sqlgen.Overrides.Set, sqlgen.Overrides.Clear, sqlgen.Overrides.List)
 	fmt.Fprintf(&b, "== policies.record\n%s\n== policies.list\n%s\n", sqlgen.Policies.Record, sqlgen.Policies.List)

@@ -255,3 +255,115 @@ func TestOverrideInBatches(t *testing.T) {
 		}
 	}
 }
+
+// A key's bucket row carries its override, and a row made again carries it
+// too: after Reset deleted it (one row, and rows of a batch, the array
+// statements), and after a crash emptied the ephemeral table (TRUNCATE
+// stands in for it).
+func TestOverrideOutlivesItsRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	for _, s := range []Storage{Durable, Ephemeral} {
+		t.Run(s.String(), func(t *testing.T) {
+			l, err := New(pool, Config{Prefix: "gone-" + s.String(), Capacity: 10, Refill: 1, Interval: time.Hour, Storage: s, Overrides: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := []string{"k0", "k1", "k2", "k3", "k4", "k5"}
+			for _, k := range []string{"k1", "k3"} {
+				r, err := l.SetOverride(ctx, k, Override{Capacity: 100, Refill: 1})
+				mustResult(t, r, err, 100, 100)
+			}
+			r, err := l.AllowN(ctx, "k1", 30)
+			mustResult(t, r, err, 100, 70)
+
+			// Reset deletes the row: full again, under the override.
+			if err := l.Reset(ctx, "k1"); err != nil {
+				t.Fatal(err)
+			}
+			r, err = l.AllowN(ctx, "k1", 30)
+			mustResult(t, r, err, 100, 70)
+
+			// Rows deleted, then made again by a batch.
+			for _, k := range keys {
+				if err := l.Reset(ctx, k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			batch := func() {
+				t.Helper()
+				var cs []Charge
+				for _, k := range keys {
+					cs = append(cs, l.Charge(k, 10))
+				}
+				m, err := AllowAll(ctx, cs...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, r := range m.Results {
+					limit, left := int64(10), int64(0)
+					if keys[i] == "k1" || keys[i] == "k3" {
+						limit, left = 100, 90
+					}
+					if r.Limit != limit || r.Remaining != left {
+						t.Errorf("%s: %d of %d left, want %d of %d", keys[i], r.Remaining, r.Limit, left, limit)
+					}
+				}
+			}
+			batch()
+
+			if s == Ephemeral {
+				// A crash empties the unlogged table: the overrides come back.
+				if _, err := pool.Exec(ctx, `TRUNCATE pgratelimit_ephemeral_buckets`); err != nil {
+					t.Fatal(err)
+				}
+				batch()
+				if _, err := pool.Exec(ctx, `TRUNCATE pgratelimit_ephemeral_buckets`); err != nil {
+					t.Fatal(err)
+				}
+				r, err = l.AllowN(ctx, "k3", 1)
+				mustResult(t, r, err, 100, 99)
+			}
+		})
+	}
+}
+
+// Limiters of both storages on one prefix share its keys' overrides:
+// SetOverride and ClearOverride through either one write the rows of both
+// tables (the other's only where it has one; a row made later copies the
+// override).
+func TestOverrideBothStorages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var ls [2]*Limiter
+	for i, s := range []Storage{Durable, Ephemeral} {
+		l, err := New(pool, Config{Prefix: "both", Capacity: 10, Refill: 1, Interval: time.Hour, Storage: s, Overrides: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+	}
+	dur, eph := ls[0], ls[1]
+	r, err := eph.AllowN(ctx, "k", 4) // the ephemeral row exists, the other's set writes it
+	mustResult(t, r, err, 10, 6)
+	r, err = dur.SetOverride(ctx, "k", Override{Capacity: 50, Refill: 1})
+	mustResult(t, r, err, 50, 50)
+	r, err = eph.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 50, 45) // 6 raised by 40, then 1 spent
+
+	r, err = eph.SetOverride(ctx, "j", Override{Capacity: 20, Refill: 1}) // no durable row yet
+	mustResult(t, r, err, 20, 20)
+	r, err = dur.AllowN(ctx, "j", 1)
+	mustResult(t, r, err, 20, 19)
+
+	r, err = eph.ClearOverride(ctx, "k") // the durable row's too
+	mustResult(t, r, err, 10, 10)
+	r, err = dur.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 10, 9)
+	r, err = dur.ClearOverride(ctx, "j")
+	mustResult(t, r, err, 10, 10)
+	r, err = eph.AllowN(ctx, "j", 1)
+	mustResult(t, r, err, 10, 9)
+}

@@ -62,6 +62,14 @@ func (s Storage) Statements() *sqlgen.Statements {
 	return &sqlgen.Durable
 }
 
+// Other is the other bucket table.
+func (s Storage) Other() Storage {
+	if s == Ephemeral {
+		return Durable
+	}
+	return Ephemeral
+}
+
 // MaxPrefixLen is the longest prefix, and MaxRequestIDLen the longest
 // request or lease ID, in bytes.
 const (

@@ -180,6 +180,7 @@ func (a *Attempt) open() []Stmt {
 	case SkipLockedNoInsert:
 		inserts = nil
 	}
+	stmts = append(stmts, a.holdOthers()...)
 	for s, part := range byStorage(a.rows) {
 		if ins := storageRows(inserts, s); len(ins) > 0 {
 			stmts = append(stmts, a.shape.Insert(s, ins, a)...)
@@ -387,16 +388,7 @@ func (a *Attempt) close() []Stmt {
 		stmts = append(stmts, o.Write(a)...)
 	}
 	for _, w := range a.overrideWrites {
-		if w.o == nil {
-			stmts = append(stmts, Stmt{SQL: sqlgen.Overrides.Clear, Args: []any{w.row.Prefix, w.row.Key}})
-			continue
-		}
-		until := ""
-		if !w.o.Until.IsZero() {
-			until = w.o.Until.UTC().Format(time.RFC3339Nano)
-		}
-		stmts = append(stmts, Stmt{SQL: sqlgen.Overrides.Set, Args: []any{w.row.Prefix, w.row.Key, w.o.Capacity, w.o.Refill,
-			until, w.o.Note, a.now.UTC().Format(time.RFC3339Nano)}})
+		stmts = append(stmts, w.stmts(a.now)...)
 	}
 	if len(a.notes) > 0 {
 		sql := sqlgen.Notify
@@ -412,11 +404,56 @@ func (a *Attempt) close() []Stmt {
 }
 
 // InlineOverrides says a's locks read the rows' overrides in the locking
-// statements (sqlgen.Table.Overrides): on plain PostgreSQL. Citus's
-// coordinator reads them with OverrideRead, a statement of its own after
-// each lock; a routed transaction has no charge with Overrides.
+// statements (sqlgen.Table.Overrides: the rows' override columns): on plain
+// PostgreSQL. Citus's coordinator reads them with OverrideRead, a statement
+// of its own after each lock; a routed transaction has no charge with
+// Overrides.
 func (a *Attempt) InlineOverrides() bool {
 	return a.readsOverrides && a.set.Dialect.Name() != "citus"
+}
+
+// stmts are the statements that write w at now, under its row's lock: the
+// key's row of pgratelimit_overrides, and the override columns of its
+// bucket rows, in both tables (a limiter of the other storage on the same
+// prefix reads them too; the other table's row is locked in order by
+// holdOthers, or after w's, see there), if there.
+func (w overrideWrite) stmts(now time.Time) []Stmt {
+	k := []any{w.row.Prefix, w.row.Key}
+	if w.o == nil {
+		return []Stmt{{SQL: sqlgen.Overrides.Clear, Args: k},
+			{SQL: w.row.Storage.Statements().Mark, Args: append(k, nil, nil, "")},
+			{SQL: w.row.Storage.Other().Statements().Mark, Args: append(k, nil, nil, "")}}
+	}
+	until := ""
+	if !w.o.Until.IsZero() {
+		until = w.o.Until.UTC().Format(time.RFC3339Nano)
+	}
+	mark := append(k, w.o.Capacity, w.o.Refill, until)
+	return []Stmt{{SQL: sqlgen.Overrides.Set, Args: append(k, w.o.Capacity, w.o.Refill, until, w.o.Note, now.UTC().Format(time.RFC3339Nano))},
+		{SQL: w.row.Storage.Statements().Mark, Args: mark},
+		{SQL: w.row.Storage.Other().Statements().Mark, Args: mark}}
+}
+
+// holdOthers locks, before a's rows, the rows of the other table that an
+// OpPlan request of a writes the override columns of (overrideWrite.stmts)
+// when that table comes first in the rows' order (the durable one, for a
+// request on an ephemeral row): so that a locks rows in the one global
+// order, and deadlocks with no check that holds the key's rows of both.
+// An OpPlan request has one charge, and a plan of one never has rows of
+// both tables.
+func (a *Attempt) holdOthers() []Stmt {
+	var stmts []Stmt
+	for _, q := range a.reqs {
+		if q.Kind != account.OpPlan {
+			continue
+		}
+		for _, c := range q.Charges {
+			if o := c.Row.Storage.Other(); o < c.Row.Storage {
+				stmts = append(stmts, Stmt{SQL: o.Statements().Hold, Args: []any{c.Row.Prefix, c.Row.Key}})
+			}
+		}
+	}
+	return stmts
 }
 
 // SetOverride notes o as r's override, as read by a's locks.

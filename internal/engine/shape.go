@@ -41,7 +41,7 @@ type OneRow struct{}
 // Insert inserts the missing rows as placeholders, one statement each.
 func (OneRow) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: s.Statements().One.Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
+		return Stmt{SQL: a.Table(&s.Statements().One).Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
 	})
 }
 
@@ -113,7 +113,7 @@ func perRow(rows []Row, f func(r Row) Stmt) []Stmt {
 type arrays struct{}
 
 func (arrays) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: s.Statements().Many.Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.ClockParam()}}}
+	return []Stmt{{SQL: a.Table(&s.Statements().Many).Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.ClockParam()}}}
 }
 
 func (arrays) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
@@ -166,7 +166,7 @@ func (arrays) Guard(*Attempt) []Stmt { return nil }
 
 // Table is ts, or ts.Data when a's locks read the rows' leases column (a
 // charge is a Part's), or their Overrides when they read the rows'
-// overrides.
+// overrides (and its inserts fill new rows' overrides).
 func (a *Attempt) Table(ts *sqlgen.Table) *sqlgen.Table {
 	if a.readsData {
 		ts = ts.Data

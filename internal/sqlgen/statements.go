@@ -35,6 +35,14 @@ type Statements struct {
 	Peek string
 	// remove deletes one row (Reset).
 	Remove string
+	// Mark writes the override columns of one row ($1, $2), if it exists:
+	// ov_capacity $3 and ov_refill $4 (NULL: no override), ov_until $5 (''
+	// for none). SetOverride and ClearOverride, under the row's lock.
+	Mark string
+	// Hold locks one row ($1, $2), if it exists: the row a Mark writes
+	// later in the transaction, locked in the rows' order (see
+	// engine.Attempt.open).
+	Hold string
 }
 
 // Table is the statements of a transaction over rows of one table.
@@ -77,14 +85,16 @@ type Table struct {
 	// transaction of checks alone reads no more than it needs.
 	Data *Table
 	// Overrides are these statements also reading each row's override
-	// (capacity, refill and until, NULL for a key without one), after
-	// capacity and the leases column, through pgratelimit_override: a
-	// volatile function, so that it reads with a snapshot taken after the
-	// row's lock, never an older one (a join would read the statement's
-	// snapshot, taken before the lock was waited for). The statements of a
-	// transaction with a charge of a limiter with Config.Overrides; nil for
-	// Citus's, which reads overrides in statements of their own
-	// (Overrides.Read).
+	// (its ov_capacity, ov_refill and ov_until columns, NULL for a key
+	// without one), after capacity and the leases column: the locked row's
+	// columns, as of its lock (FOR UPDATE under READ COMMITTED returns the
+	// newest committed version of the row it locks), which every writer of
+	// an override writes under that lock (Overrides.Mark). Their inserts
+	// fill a new row's override from pgratelimit_overrides, so that a row
+	// that cleanup or Reset deleted, or a crash emptied (ephemeral), comes
+	// back with it. The statements of a transaction with a charge of a
+	// limiter with Config.Overrides; nil for Citus's, which reads overrides
+	// in statements of their own (Overrides.Read).
 	Overrides *Table
 }
 
@@ -122,6 +132,9 @@ func Buckets(t, extra string) Statements {
 		Peek: `SELECT b.tokens, b.refilled_at, b.expires_at, b.capacity, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 		Remove: `DELETE FROM ` + t + ` WHERE prefix = $1 AND key = $2`,
+		Mark: `UPDATE ` + t + ` SET ov_capacity = $3, ov_refill = $4, ov_until = NULLIF($5, '')::timestamptz
+WHERE prefix = $1 AND key = $2`,
+		Hold: `SELECT 1 FROM ` + t + ` WHERE prefix = $1 AND key = $2 FOR UPDATE`,
 	}
 }
 
@@ -154,50 +167,48 @@ func variant(q, skip string, grants bool) string {
 // (and their leases column after capacity, with data; and their override
 // after them, with ov).
 func relock(t, values, clock string, data, ov bool) string {
-	if ov {
-		return `WITH b AS (` + relock(t, values, clock, data, false) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + overrideCols + `, b.clock
-FROM b` + overrideOf("b")
-	}
-	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
+	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at` + ovCols("", ov) + `)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, ` + clock
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", ov) + `, ` + clock
 }
 
 // relockGrants is relock with the rows' grants.
 func relockGrants(t, values string, data, ov bool) string {
-	return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols(ov) + `, b.clock` + grantCols + `
-FROM b` + ovJoin("b", ov) + grantsOf("b")
+	return `WITH b AS (` + relock(t, values, dbClock4, data, ov) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", ov) + `, b.clock` + grantCols + `
+FROM b` + grantsOf("b")
 }
 
-// OverrideFunc is the function that reads a key's override (migration
-// 00010).
-const OverrideFunc = "pgratelimit_override"
+// ovCols is ", " and the override columns of the rows named alias ("":
+// unqualified) with ov; else nothing.
+func ovCols(alias string, ov bool) string {
+	switch {
+	case !ov:
+		return ""
+	case alias == "":
+		return ", ov_capacity, ov_refill, ov_until"
+	}
+	return ", " + alias + ".ov_capacity, " + alias + ".ov_refill, " + alias + ".ov_until"
+}
 
-// overrideCols are the override columns the Overrides statements return.
-const overrideCols = `, o.capacity, o.refill, o.until`
+// ovValues are the override columns of new rows r (a row of values, or
+// arrays as r) with ov: the key's row of pgratelimit_overrides, joined by
+// ovJoin as o; else nothing.
+func ovValues(ov bool) string {
+	if !ov {
+		return ""
+	}
+	return ", o.capacity, o.refill, o.until"
+}
 
-// overrideOf joins the override of the rows named b, read after their lock.
-func overrideOf(b string) string {
+// ovJoin joins the override of new rows with prefix p and key k, with ov.
+func ovJoin(p, k string, ov bool) string {
+	if !ov {
+		return ""
+	}
 	return `
-LEFT JOIN LATERAL ` + pgx.Identifier{OverrideFunc}.Sanitize() + `(` + b + `.prefix, ` + b + `.key) o ON true`
-}
-
-// ovCols and ovJoin are overrideCols and overrideOf with ov, else nothing.
-func ovCols(ov bool) string {
-	if ov {
-		return overrideCols
-	}
-	return ""
-}
-
-func ovJoin(b string, ov bool) string {
-	if ov {
-		return overrideOf(b)
-	}
-	return ""
+LEFT JOIN ` + pgx.Identifier{OverridesTable}.Sanitize() + ` o ON o.prefix = ` + p + ` AND o.key = ` + k
 }
 
 // dataCol is ", " and the leases column of the rows named alias ("":
@@ -231,15 +242,15 @@ const newOne = `$1, $2, 0, ` + placeholderTime + `, `
 // manyRows are the statements over all of a table's rows as arrays (with
 // data, reading the leases column; with ov, the rows' overrides).
 func manyRows(t string, data, ov bool) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + ovCols(ov) + `, ` + dbClock3 + `%[2]s
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + ovCols("t", ov) + `, ` + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ` FROM ` + t + `
-         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t` + ovJoin("r", ov) + `%[3]s`
-	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovCols("", ov) + ` FROM ` + t + `
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
+	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + ovValues(ov) + `
+FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)` + ovJoin("r.prefix", "r.key", ov) + `
 ORDER BY r.i`
 	return Table{
-		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at` + ovCols("", ov) + `)
 ` + values + `
 ON CONFLICT (prefix, key) DO NOTHING`,
 		Lock:           variant(lock, "", false),
@@ -260,12 +271,17 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 // clock (with data, the leases column after capacity; with ov, the row's
 // override after them).
 func oneRow(t, extra string, data, ov bool) Table {
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols(ov) + `, ` + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ` FROM ` + t + `
-      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b` + ovJoin("b", ov) + `%[3]s`
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", ov) + `, ` + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovCols("", ov) + ` FROM ` + t + `
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
+	if ov {
+		// A new row's override: the key's, if it has one.
+		values = `SELECT ` + newOne + expiryOf("$3::text::interval") + ovValues(ov) + `
+FROM (SELECT 1) one` + ovJoin("$1", "$2", ov)
+	}
 	return Table{
-		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
+		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at` + ovCols("", ov) + `)
 ` + values + `
 ON CONFLICT (prefix, key) DO NOTHING`,
 		GuardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
