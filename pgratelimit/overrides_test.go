@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
@@ -366,4 +369,48 @@ func TestOverrideBothStorages(t *testing.T) {
 	mustResult(t, r, err, 10, 10)
 	r, err = eph.AllowN(ctx, "j", 1)
 	mustResult(t, r, err, 10, 9)
+}
+
+// A transaction whose snapshot predates an override cannot copy the older
+// override into a row of the key made after it: SetOverride made the key's
+// rows of both tables, so the transaction's INSERT meets the row it cannot
+// see (REPEATABLE READ: a serialization failure; READ COMMITTED: it waits
+// for the override's commit and locks the row with its copy), and every
+// later check sees the override.
+func TestOverrideOlderSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	var ls [2]*Limiter
+	for i, s := range []Storage{Durable, Ephemeral} {
+		l, err := New(pool, Config{Prefix: "snap", Capacity: 10, Refill: 1, Interval: time.Hour, Storage: s, Overrides: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+	}
+	for i, l := range ls {
+		other := ls[1-i]
+		key := "k" + strconv.Itoa(i)
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // the snapshot
+			t.Fatal(err)
+		}
+		r, err := other.SetOverride(ctx, key, Override{Capacity: 50, Refill: 1})
+		mustResult(t, r, err, 50, 50)
+		_, err = l.In(PgxTx(tx)).AllowN(ctx, key, 1)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != pgerrcode.SerializationFailure {
+			t.Fatalf("a check in a transaction older than the override: %v, want a serialization failure", err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err = l.AllowN(ctx, key, 1)
+		mustResult(t, r, err, 50, 49)
+	}
 }

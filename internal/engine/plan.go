@@ -180,13 +180,14 @@ func (a *Attempt) open() []Stmt {
 	case SkipLockedNoInsert:
 		inserts = nil
 	}
-	stmts = append(stmts, a.holdOthers()...)
+	stmts = append(stmts, a.holdOthers(true)...)
 	for s, part := range byStorage(a.rows) {
 		if ins := storageRows(inserts, s); len(ins) > 0 {
 			stmts = append(stmts, a.shape.Insert(s, ins, a)...)
 		}
 		stmts = append(stmts, a.shape.Lock(s, part, a)...)
 	}
+	stmts = append(stmts, a.holdOthers(false)...)
 	if a.hasIDs {
 		stmts = append(stmts, a.readIDs()...)
 	}
@@ -412,11 +413,10 @@ func (a *Attempt) InlineOverrides() bool {
 	return a.readsOverrides && a.set.Dialect.Name() != "citus"
 }
 
-// stmts are the statements that write w at now, under its row's lock: the
-// key's row of pgratelimit_overrides, and the override columns of its
-// bucket rows, in both tables (a limiter of the other storage on the same
-// prefix reads them too; the other table's row is locked in order by
-// holdOthers, or after w's, see there), if there.
+// stmts are the statements that write w at now, under its rows' locks:
+// the key's row of pgratelimit_overrides, and the override columns of its
+// bucket rows in both tables (a limiter of the other storage on the same
+// prefix reads them too; holdOthers made and locked the other table's).
 func (w overrideWrite) stmts(now time.Time) []Stmt {
 	k := []any{w.row.Prefix, w.row.Key}
 	if w.o == nil {
@@ -434,22 +434,30 @@ func (w overrideWrite) stmts(now time.Time) []Stmt {
 		{SQL: w.row.Storage.Other().Statements().Mark, Args: mark}}
 }
 
-// holdOthers locks, before a's rows, the rows of the other table that an
-// OpPlan request of a writes the override columns of (overrideWrite.stmts)
-// when that table comes first in the rows' order (the durable one, for a
-// request on an ephemeral row): so that a locks rows in the one global
-// order, and deadlocks with no check that holds the key's rows of both.
-// An OpPlan request has one charge, and a plan of one never has rows of
-// both tables.
-func (a *Attempt) holdOthers() []Stmt {
+// holdOthers makes (a placeholder, as a check's INSERT does, copying the
+// key's override as it stands) and locks the rows of the other table
+// whose override columns an OpPlan request of a writes
+// (overrideWrite.stmts): before a's rows when that table comes first in
+// the rows' order (the durable one, for a request on an ephemeral row),
+// else after them, so that a locks rows in the one global order and
+// deadlocks with no check that holds the key's rows of both. Made, not
+// only written where it exists: a check of the other table that makes the
+// row concurrently then meets this transaction on its primary key (waits
+// for it, or fails to serialize under REPEATABLE READ), instead of copying
+// an override older than this one into a row this one did not see. An
+// OpPlan request has one charge, and its plan no row of the other table.
+func (a *Attempt) holdOthers(before bool) []Stmt {
 	var stmts []Stmt
 	for _, q := range a.reqs {
 		if q.Kind != account.OpPlan {
 			continue
 		}
 		for _, c := range q.Charges {
-			if o := c.Row.Storage.Other(); o < c.Row.Storage {
-				stmts = append(stmts, Stmt{SQL: o.Statements().Hold, Args: []any{c.Row.Prefix, c.Row.Key}})
+			if o := c.Row.Storage.Other(); (o < c.Row.Storage) == before {
+				ts := o.Statements()
+				stmts = append(stmts,
+					Stmt{SQL: a.Table(&ts.One).Insert, Args: []any{c.Row.Prefix, c.Row.Key, a.Interval(c.Row), a.ClockParam()}},
+					Stmt{SQL: ts.Hold, Args: []any{c.Row.Prefix, c.Row.Key}})
 			}
 		}
 	}

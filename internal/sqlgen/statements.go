@@ -39,9 +39,9 @@ type Statements struct {
 	// ov_capacity $3 and ov_refill $4 (NULL: no override), ov_until $5 (''
 	// for none). SetOverride and ClearOverride, under the row's lock.
 	Mark string
-	// Hold locks one row ($1, $2), if it exists: the row a Mark writes
-	// later in the transaction, locked in the rows' order (see
-	// engine.Attempt.open).
+	// Hold locks one row ($1, $2), if it exists: the other table's row
+	// that a Mark writes later in the transaction, locked in the rows'
+	// order (see engine.Attempt.holdOthers).
 	Hold string
 }
 
