@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/stretchr/testify/require"
 )
@@ -191,4 +194,56 @@ func TestOverrideCleanupNeverChangesADecision(t *testing.T) {
 	}
 	require.Positive(t, deleted, "cleanup deleted rows along the way")
 	t.Logf("%d rows deleted by cleanups between the checks", deleted)
+}
+
+// SetOverride and ClearOverride in the caller's database/sql transaction,
+// with pgx's stdlib and lib/pq (the override columns written as NULL by a
+// clear travel as any driver sends them): written on commit, in both
+// tables.
+func TestOverrideThroughDatabaseSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := testdb.NewSchema(t)
+	pool := s.Pool(t, 0)
+	std := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = std.Close() })
+	pq, err := sql.Open("postgres", s.URL(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pq.Close() })
+	for name, db := range map[string]*sql.DB{"pgx": std, "pq": pq} {
+		t.Run(name, func(t *testing.T) {
+			var ls [2]*pgratelimit.Limiter
+			for i, st := range []pgratelimit.Storage{pgratelimit.Durable, pgratelimit.Ephemeral} {
+				l, err := newLimiterOn(pool, pgratelimit.Config{Prefix: "sql-" + name, Capacity: 10, Refill: 1, Interval: time.Hour, Storage: st, Overrides: true})
+				require.NoError(t, err)
+				ls[i] = l
+			}
+			in := func(f func(tx pgratelimit.Tx)) {
+				tx, err := db.BeginTx(ctx, nil)
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback() }()
+				f(pgratelimit.SQLTx(tx))
+				require.NoError(t, tx.Commit())
+			}
+			in(func(tx pgratelimit.Tx) {
+				r, err := ls[1].In(tx).SetOverride(ctx, "k", pgratelimit.Override{Capacity: 40, Refill: 1, Until: time.Now().Add(time.Hour), Note: "sql"})
+				require.NoError(t, err)
+				require.Equal(t, int64(40), r.Limit)
+			})
+			for _, l := range ls {
+				r, err := l.AllowN(ctx, "k", 1)
+				require.NoError(t, err)
+				require.Equal(t, int64(40), r.Limit)
+			}
+			in(func(tx pgratelimit.Tx) {
+				_, err := ls[0].In(tx).ClearOverride(ctx, "k")
+				require.NoError(t, err)
+			})
+			for _, l := range ls {
+				r, err := l.AllowN(ctx, "k", 1)
+				require.NoError(t, err)
+				require.Equal(t, int64(10), r.Limit)
+			}
+		})
+	}
 }
