@@ -114,7 +114,7 @@ func List(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]Event, error) {
 	if why := engine.CheckText(f.Prefix, engine.MaxPrefixLen); f.Prefix != "" && why != "" {
 		return nil, fmt.Errorf("%w: Filter.Prefix %s", pgratelimit.ErrInvalidArgument, why)
 	}
-	if why := engine.CheckText(f.Key, pgratelimit.MaxKeyLen); f.Key != "" && why != "" {
+	if why := engine.CheckText(f.Key, engine.MaxKeyLen); f.Key != "" && why != "" {
 		return nil, keyError("Filter.Key " + why)
 	}
 	limit, since := f.Limit, "-infinity"
