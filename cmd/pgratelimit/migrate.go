@@ -239,17 +239,15 @@ func runCleanup(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	start := time.Now()
-	st, err := cl.RunOnce(ctx)
+	n, err := cl.RunOnce(ctx)
 	took := time.Since(start)
 	switch {
 	case err != nil:
 		return f.fail(err)
 	case f.json:
-		f.printJSON(map[string]any{"deleted": st.Deleted, "ms": took.Milliseconds(), "skipped": st.Skipped})
-	case st.Skipped:
-		fmt.Fprintln(c.stdout, "skipped: another instance is cleaning (it holds the schema's cleanup lock)")
+		f.printJSON(map[string]any{"deleted": n, "ms": took.Milliseconds()})
 	default:
-		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", st.Deleted, took.Round(time.Millisecond))
+		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", n, took.Round(time.Millisecond))
 	}
 	return exitOK
 }
@@ -268,13 +266,13 @@ func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.D
 	for {
 		rctx, cancel := f.withTimeout(ctx)
 		start := time.Now()
-		st, err := cl.RunOnce(rctx)
+		n, err := cl.RunOnce(rctx)
 		cancel()
 		if ctx.Err() != nil {
 			return exitOK
 		}
 		if f.json && err == nil {
-			f.printJSON(map[string]any{"deleted": st.Deleted, "ms": time.Since(start).Milliseconds(), "skipped": st.Skipped})
+			f.printJSON(map[string]any{"deleted": n, "ms": time.Since(start).Milliseconds()})
 		}
 		jitter := time.Duration(mrand.Int64N(int64(every)/10 + 1))
 		select {

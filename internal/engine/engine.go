@@ -70,9 +70,10 @@ func (s Storage) Other() Storage {
 	return Ephemeral
 }
 
-// MaxPrefixLen is the longest prefix, and MaxRequestIDLen the longest
-// request or lease ID, in bytes.
+// MaxKeyLen is the longest key, MaxPrefixLen the longest prefix, and
+// MaxRequestIDLen the longest request or lease ID, in bytes.
 const (
+	MaxKeyLen       = 1024
 	MaxPrefixLen    = 256
 	MaxRequestIDLen = 256
 )
