@@ -64,15 +64,34 @@ func (OneRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
 // Update writes each row as decided.
 func (OneRow) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: s.Statements().One.Update, Args: a.UpdateArgs(r)}
+		return Stmt{SQL: a.Table(&s.Statements().One).Update, Args: a.UpdateArgs(r)}
 	})
 }
 
 // UpdateArgs are the parameters of the one-row UPDATE of r's bucket as
-// decided.
+// decided (and of its copy of the key's override, as resolved by its lock,
+// when a's locks read them: see sqlgen.Table.Overrides).
 func (a *Attempt) UpdateArgs(r Row) []any {
 	b := a.state[r].Bucket
-	return []any{r.Prefix, r.Key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
+	args := []any{r.Prefix, r.Key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
+	if a.InlineOverrides() {
+		c, rf, until := a.overrideCopy(r)
+		args = append(args, c, rf, until)
+	}
+	return args
+}
+
+// overrideCopy is r's copy of its key's override as a's Update writes it:
+// capacity and refill (0 for none) and until (empty for none).
+func (a *Attempt) overrideCopy(r Row) (capacity, refill int64, until string) {
+	o, ok := a.overrides[r]
+	if !ok {
+		return 0, 0, ""
+	}
+	if !o.Until.IsZero() {
+		until = o.Until.UTC().Format(time.RFC3339Nano)
+	}
+	return o.Capacity, o.Refill, until
 }
 
 // Values sends sql once per row of values, times as text.
@@ -125,13 +144,24 @@ func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
 }
 
 func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: s.Statements().Many.Update, Args: []any{
+	args := []any{
 		prefixArray(rows), keyArray(rows),
 		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Tokens }),
 		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.RefilledAt }),
 		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
 		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
-	}}}
+	}
+	if a.InlineOverrides() {
+		caps, refills, untils := make([]int64, len(rows)), make([]int64, len(rows)), make([]string, len(rows))
+		for i, r := range rows {
+			caps[i], refills[i], untils[i] = a.overrideCopy(r)
+		}
+		args = append(args,
+			sqlgen.Int64Array(len(rows), func(i int) int64 { return caps[i] }),
+			sqlgen.Int64Array(len(rows), func(i int) int64 { return refills[i] }),
+			sqlgen.TextArray(len(rows), func(i int) string { return untils[i] }))
+	}
+	return []Stmt{{SQL: a.Table(&s.Statements().Many).Update, Args: args}}
 }
 
 func (arrays) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {

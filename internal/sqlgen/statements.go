@@ -37,7 +37,8 @@ type Statements struct {
 	Remove string
 	// Mark writes the override columns of one row ($1, $2), if it exists:
 	// ov_capacity $3 and ov_refill $4 (NULL: no override), ov_until $5 (''
-	// for none). SetOverride and ClearOverride, under the row's lock.
+	// for none), so that the row's copy is known. SetOverride and
+	// ClearOverride, under the row's lock.
 	Mark string
 	// Hold locks one row ($1, $2), if it exists: the other table's row
 	// that a Mark writes later in the transaction, locked in the rows'
@@ -85,16 +86,20 @@ type Table struct {
 	// transaction of checks alone reads no more than it needs.
 	Data *Table
 	// Overrides are these statements also reading each row's override
-	// (its ov_capacity, ov_refill and ov_until columns, NULL for a key
-	// without one), after capacity and the leases column: the locked row's
-	// columns, as of its lock (FOR UPDATE under READ COMMITTED returns the
-	// newest committed version of the row it locks), which every writer of
-	// an override writes under that lock (Overrides.Mark). Their inserts
-	// fill a new row's override from pgratelimit_overrides, so that a row
-	// that cleanup or Reset deleted, or a crash emptied (ephemeral), comes
-	// back with it. The statements of a transaction with a charge of a
-	// limiter with Config.Overrides; nil for Citus's, which reads overrides
-	// in statements of their own (Overrides.Read).
+	// (capacity, refill and until, NULL for a key without one), after
+	// capacity and the leases column, resolved: the row's copy of it (its
+	// ov_capacity, ov_refill and ov_until columns), as of its lock (FOR
+	// UPDATE under READ COMMITTED returns the newest committed version of
+	// the row it locks), which every writer of an override writes under
+	// that lock (Statements.Mark); or, for a row whose copy is unknown
+	// (ov_capacity Unknown: a row made since, by any check, or by a release
+	// before the copy), the key's row of pgratelimit_overrides read after
+	// the lock (ovJoin). Their Update writes the resolved copy back (NULL,
+	// or the override: $7 capacity and $8 refill, 0 for NULL, $9 until, ''
+	// for NULL), so the row is known from then on. Their Insert is the plain
+	// one. The statements of a transaction with a charge of a limiter with
+	// Config.Overrides; nil for Citus's, which reads overrides in statements
+	// of their own (Overrides.Read).
 	Overrides *Table
 }
 
@@ -164,51 +169,67 @@ func variant(q, skip string, grants bool) string {
 }
 
 // relock upserts rows of values into t, returning them locked with clock
-// (and their leases column after capacity, with data; and their override
-// after them, with ov).
+// (and their leases column after capacity, with data; and their override,
+// resolved, after them, with ov).
 func relock(t, values, clock string, data, ov bool) string {
-	return `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at` + ovCols("", ov) + `)
+	q := `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
-RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", ov) + `, ` + clock
+RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data)
+	if !ov {
+		return q + `, ` + clock
+	}
+	return `WITH b AS (` + q + `, b.ov_capacity, b.ov_refill, b.ov_until, ` + clock + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b") + `, b.clock
+FROM b` + ovJoin("b")
 }
 
 // relockGrants is relock with the rows' grants.
 func relockGrants(t, values string, data, ov bool) string {
-	return `WITH b AS (` + relock(t, values, dbClock4, data, ov) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", ov) + `, b.clock` + grantCols + `
+	if ov {
+		return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock, b.ov_capacity, b.ov_refill, b.ov_until)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b") + `, b.clock` + grantCols + `
+FROM b` + ovJoin("b") + grantsOf("b")
+	}
+	return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 }
 
-// ovCols is ", " and the override columns of the rows named alias ("":
-// unqualified) with ov; else nothing.
-func ovCols(alias string, ov bool) string {
-	switch {
-	case !ov:
-		return ""
-	case alias == "":
-		return ", ov_capacity, ov_refill, ov_until"
-	}
-	return ", " + alias + ".ov_capacity, " + alias + ".ov_refill, " + alias + ".ov_until"
+// OverrideFunc is the function that reads a key's override with a
+// snapshot of its own (migration 00010).
+const OverrideFunc = "pgratelimit_override"
+
+// Unknown is the ov_capacity of a bucket row whose copy of its key's
+// override is unknown: the column's default, so every row a check makes
+// (and every row written before the copy existed) is unknown until a check
+// of a limiter with Config.Overrides writes it, or SetOverride or
+// ClearOverride does.
+const Unknown = -1
+
+// ovCols are the override of the rows named alias (and the override
+// function's row f), resolved: the row's copy when known, else f's, the
+// key's override as read after the row's lock (NULL capacity: none).
+func ovCols(alias string) string {
+	unknown := alias + `.ov_capacity = ` + strconv.Itoa(Unknown)
+	return `, CASE WHEN ` + unknown + ` THEN f.capacity ELSE ` + alias + `.ov_capacity END` +
+		`, CASE WHEN ` + unknown + ` THEN f.refill ELSE ` + alias + `.ov_refill END` +
+		`, CASE WHEN ` + unknown + ` THEN f.until ELSE ` + alias + `.ov_until END`
 }
 
-// ovValues are the override columns of new rows r (a row of values, or
-// arrays as r) with ov: the key's row of pgratelimit_overrides, joined by
-// ovJoin as o; else nothing.
-func ovValues(ov bool) string {
-	if !ov {
-		return ""
-	}
-	return ", o.capacity, o.refill, o.until"
-}
+// ovJoin joins, as f, the override that pgratelimit_override reads for the
+// rows named alias whose copy is unknown, and only for those: the function
+// is VOLATILE, so it reads with a snapshot taken when it runs, after the
+// row's lock (a join on the table would read the statement's, taken before
+// the lock was waited for); the WHERE is a one-time filter of the lateral
+// subquery, so a known row costs no call.
+func ovJoin(alias string) string { return ovJoinOf(alias, alias) }
 
-// ovJoin joins the override of new rows with prefix p and key k, with ov.
-func ovJoin(p, k string, ov bool) string {
-	if !ov {
-		return ""
-	}
+// ovJoinOf is ovJoin with the rows' prefix and key named keys.
+func ovJoinOf(alias, keys string) string {
 	return `
-LEFT JOIN ` + pgx.Identifier{OverridesTable}.Sanitize() + ` o ON o.prefix = ` + p + ` AND o.key = ` + k
+LEFT JOIN LATERAL (SELECT * FROM ` + pgx.Identifier{OverrideFunc}.Sanitize() + `(` + keys + `.prefix, ` + keys + `.key) WHERE ` +
+		alias + `.ov_capacity = ` + strconv.Itoa(Unknown) + ` OFFSET 0) f ON true`
 }
 
 // dataCol is ", " and the leases column of the rows named alias ("":
@@ -239,18 +260,40 @@ func variants(f func(data, ov bool) Table, ov bool) Table {
 // newOne is the values of one new row ($1, $2, its horizon $3).
 const newOne = `$1, $2, 0, ` + placeholderTime + `, `
 
+// ovSelect is ", " and the override columns of a row, unqualified, with ov;
+// else nothing.
+func ovSelect(ov bool) string {
+	if ov {
+		return ", ov_capacity, ov_refill, ov_until"
+	}
+	return ""
+}
+
 // manyRows are the statements over all of a table's rows as arrays (with
 // data, reading the leases column; with ov, the rows' overrides).
 func manyRows(t string, data, ov bool) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + ovCols("t", ov) + `, ` + dbClock3 + `%[2]s
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, ` + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovCols("", ov) + ` FROM ` + t + `
-         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
-	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + ovValues(ov) + `
-FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)` + ovJoin("r.prefix", "r.key", ov) + `
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + ` FROM ` + t + `
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[5]s%[3]s`
+	lock = withOv(lock, ov, ovCols("t"), ovJoinOf("t", "r"))
+	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
+FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
+	update := `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
+     AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
+WHERE t.prefix = r.prefix AND t.key = r.key`
+	if ov {
+		update = `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity,
+    ov_capacity = NULLIF(r.ov_capacity, 0), ov_refill = NULLIF(r.ov_refill, 0), ov_until = NULLIF(r.ov_until, '')::timestamptz
+FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[],
+            $7::text::bigint[], $8::text::bigint[], $9::text::text[])
+     AS r(prefix, key, tokens, refilled_at, expires_at, capacity, ov_capacity, ov_refill, ov_until)
+WHERE t.prefix = r.prefix AND t.key = r.key`
+	}
 	return Table{
-		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at` + ovCols("", ov) + `)
+		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO NOTHING`,
 		Lock:           variant(lock, "", false),
@@ -259,11 +302,18 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
 		Relock:         relock(t, values, dbClock4, data, ov),
 		RelockGrants:   relockGrants(t, values, data, ov),
-		Update: `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
-     AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
-WHERE t.prefix = r.prefix AND t.key = r.key`,
+		Update:         update,
 	}
+}
+
+// withOv fills lock statement q's %[4]s (after capacity and the leases
+// column) with cols and its %[5]s (after the locked rows) with join, with
+// ov; else with nothing.
+func withOv(q string, ov bool, cols, join string) string {
+	if !ov {
+		cols, join = "", ""
+	}
+	return strings.NewReplacer("%[4]s", cols, "%[5]s", join).Replace(q)
 }
 
 // oneRow are the statements of one row with scalar parameters; extra, if
@@ -271,17 +321,18 @@ WHERE t.prefix = r.prefix AND t.key = r.key`,
 // clock (with data, the leases column after capacity; with ov, the row's
 // override after them).
 func oneRow(t, extra string, data, ov bool) Table {
-	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", ov) + `, ` + dbClock3 + extra + `%[2]s
-FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovCols("", ov) + ` FROM ` + t + `
-      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
+	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `%[4]s, ` + dbClock3 + extra + `%[2]s
+FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + ` FROM ` + t + `
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[5]s%[3]s`
+	lock = withOv(lock, ov, ovCols("b"), ovJoin("b"))
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
+	update := `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`
 	if ov {
-		// A new row's override: the key's, if it has one.
-		values = `SELECT ` + newOne + expiryOf("$3::text::interval") + ovValues(ov) + `
-FROM (SELECT 1) one` + ovJoin("$1", "$2", ov)
+		update = `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6,
+    ov_capacity = NULLIF($7::bigint, 0), ov_refill = NULLIF($8::bigint, 0), ov_until = NULLIF($9, '')::timestamptz WHERE prefix = $1 AND key = $2`
 	}
 	return Table{
-		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at` + ovCols("", ov) + `)
+		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO NOTHING`,
 		GuardedInsert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
@@ -293,7 +344,7 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
 		Relock:         relock(t, values, dbClock4+extra, data, ov),
 		RelockGrants:   relockGrants(t, values, data, ov),
-		Update:         `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`,
+		Update:         update,
 	}
 }
 
