@@ -414,3 +414,245 @@ func TestOverrideOlderSnapshot(t *testing.T) {
 		mustResult(t, r, err, 50, 49)
 	}
 }
+
+// ovCopy reads the copy of its key's override that a bucket row carries:
+// its ov_capacity (-1: unknown; 0: none, NULL in the row).
+func ovCopy(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, table, prefix, key string) int64 {
+	t.Helper()
+	var c int64
+	if err := pool.QueryRow(context.Background(), `SELECT COALESCE(ov_capacity, 0) FROM `+table+` WHERE prefix = $1 AND key = $2`, prefix, key).Scan(&c); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A row whose copy of its key's override is unknown (ov_capacity -1: a row
+// a limiter without Overrides made, or set so by hand) is decided under the
+// key's override, read after the row's lock; an allowed check writes the
+// copy, a denied one writes nothing. A limiter without Overrides leaves the
+// copy as it is.
+func TestOverrideUnknownCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	for _, s := range []Storage{Durable, Ephemeral} {
+		t.Run(s.String(), func(t *testing.T) {
+			prefix := "unknown-" + s.String()
+			table := "pgratelimit_buckets"
+			if s == Ephemeral {
+				table = "pgratelimit_ephemeral_buckets"
+			}
+			on, err := New(pool, Config{Prefix: prefix, Capacity: 10, Refill: 1, Interval: time.Hour, Storage: s, Overrides: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			off, err := New(pool, Config{Prefix: prefix, Capacity: 10, Refill: 1, Interval: time.Hour, Storage: s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := on.SetOverride(ctx, "a", Override{Capacity: 100, Refill: 1})
+			mustResult(t, r, err, 100, 100)
+			if c := ovCopy(t, pool, table, prefix, "a"); c != 100 {
+				t.Fatalf("copy after SetOverride: %d, want 100", c)
+			}
+
+			// The row made again by a limiter without Overrides: unknown,
+			// and its checks leave it so.
+			if err := off.Reset(ctx, "a"); err != nil {
+				t.Fatal(err)
+			}
+			r, err = off.AllowN(ctx, "a", 1)
+			mustResult(t, r, err, 10, 9)
+			if c := ovCopy(t, pool, table, prefix, "a"); c != -1 {
+				t.Fatalf("copy of a row a limiter without Overrides made: %d, want -1", c)
+			}
+			// Resolved by the lock: 9 raised by 90, 1 spent; now known.
+			r, err = on.AllowN(ctx, "a", 1)
+			mustResult(t, r, err, 100, 98)
+			if c := ovCopy(t, pool, table, prefix, "a"); c != 100 {
+				t.Fatalf("copy after an allowed check: %d, want 100", c)
+			}
+			// A limiter without Overrides leaves a known copy alone.
+			r, err = off.AllowN(ctx, "a", 1)
+			mustResult(t, r, err, 10, 9) // its own policy clamps the bucket
+			if c := ovCopy(t, pool, table, prefix, "a"); c != 100 {
+				t.Fatalf("copy after a check without Overrides: %d, want 100", c)
+			}
+			r, err = on.AllowN(ctx, "a", 1)
+			mustResult(t, r, err, 100, 98)
+
+			// The table is the truth: an override the copy does not know
+			// (written by hand), read for an unknown row. A denied check
+			// writes nothing, the row stays unknown; an allowed one
+			// writes the copy.
+			if _, err := pool.Exec(ctx, `INSERT INTO pgratelimit_overrides (prefix, key, capacity, refill) VALUES ($1, 'b', 5, 1)`, prefix); err != nil {
+				t.Fatal(err)
+			}
+			r, err = on.AllowN(ctx, "b", 6) // a new row, more than the override's capacity
+			if err != nil || r.Allowed || r.Limit != 5 {
+				t.Fatalf("6 of an override of 5: %+v, %v", r, err)
+			}
+			if c := ovCopy(t, pool, table, prefix, "b"); c != -1 {
+				t.Fatalf("copy after a denied check: %d, want -1", c)
+			}
+			r, err = on.AllowN(ctx, "b", 2)
+			mustResult(t, r, err, 5, 3)
+			if c := ovCopy(t, pool, table, prefix, "b"); c != 5 {
+				t.Fatalf("copy after an allowed check: %d, want 5", c)
+			}
+			if _, err := pool.Exec(ctx, `DELETE FROM pgratelimit_overrides WHERE prefix = $1 AND key = 'b'`, prefix); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET ov_capacity = -1 WHERE prefix = $1 AND key = 'b'`, prefix); err != nil {
+				t.Fatal(err)
+			}
+			r, err = on.AllowN(ctx, "b", 1) // no override now: 3 clamped to 10's grid, as the policy
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Limit != 10 {
+				t.Fatalf("unknown row without an override: limit %d, want 10", r.Limit)
+			}
+			if c := ovCopy(t, pool, table, prefix, "b"); c != 0 {
+				t.Fatalf("copy after an allowed check without an override: %d, want none", c)
+			}
+
+			// A batch (the array statements) over unknown and known rows.
+			keys := []string{"m0", "m1", "m2", "m3"}
+			for _, k := range []string{"m1", "m2"} {
+				r, err := on.SetOverride(ctx, k, Override{Capacity: 50, Refill: 1})
+				mustResult(t, r, err, 50, 50)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE `+table+` SET ov_capacity = -1 WHERE prefix = $1 AND key IN ('m1', 'm3')`, prefix); err != nil {
+				t.Fatal(err)
+			}
+			var cs []Charge
+			for _, k := range keys {
+				cs = append(cs, on.Charge(k, 1))
+			}
+			m, err := AllowAll(ctx, cs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range m.Results {
+				limit := int64(10)
+				if keys[i] == "m1" || keys[i] == "m2" {
+					limit = 50
+				}
+				if r.Limit != limit || r.Remaining != limit-1 {
+					t.Errorf("%s: %d of %d left, want %d of %d", keys[i], r.Remaining, r.Limit, limit-1, limit)
+				}
+				want := int64(0)
+				if limit == 50 {
+					want = 50
+				}
+				if c := ovCopy(t, pool, table, prefix, keys[i]); c != want {
+					t.Errorf("%s: copy %d after the batch, want %d", keys[i], c, want)
+				}
+			}
+		})
+	}
+}
+
+// The race the copy had when a new row's INSERT filled it: the INSERT's
+// snapshot is taken, an override commits and the key's row is deleted
+// (Reset), then the INSERT makes the row. A trigger holds the INSERT
+// between its snapshot and the insertion (an advisory lock the test
+// holds), so it happens every time: the new row is unknown, and the check
+// reads the override committed meanwhile, after its lock.
+func TestOverrideNewRowAfterItsSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	if onCitus(t, pool) {
+		t.Skip("a trigger on a distributed table needs citus.enable_unsafe_triggers")
+	}
+	l, err := New(pool, Config{Prefix: "race", Capacity: 10, Refill: 1, Interval: time.Hour, Overrides: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.AllowN(ctx, "k", 1) // the row exists, no override
+	mustResult(t, r, err, 10, 9)
+	for _, ddl := range []string{
+		`CREATE SEQUENCE race_gate`,
+		// The first INSERT of the key's row from now on waits for the
+		// test's advisory lock; later ones (SetOverride's) pass.
+		`CREATE FUNCTION race_wait() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('race_gate') = 1 THEN
+        PERFORM pg_advisory_xact_lock_shared(4242);
+    END IF;
+    RETURN NEW;
+END $$`,
+		`CREATE TRIGGER race_wait BEFORE INSERT ON pgratelimit_buckets FOR EACH ROW WHEN (NEW.key = 'k') EXECUTE FUNCTION race_wait()`,
+	} {
+		if _, err := pool.Exec(ctx, ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gate, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Release()
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	defer func() {
+		if !released {
+			_, _ = gate.Exec(ctx, `SELECT pg_advisory_unlock(4242)`)
+		}
+	}()
+
+	// The check, in a READ COMMITTED transaction of its own (no
+	// lock_timeout): its INSERT waits in the trigger.
+	type result struct {
+		r   Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		r, err := l.In(PgxTx(tx)).AllowN(ctx, "k", 1)
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		done <- result{r, err}
+	}()
+	for waiting := false; !waiting; {
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case res := <-done:
+			t.Fatalf("the check ended before its INSERT waited: %+v", res)
+		default:
+		}
+	}
+
+	// Meanwhile: the override commits, then the row is deleted.
+	r, err = l.SetOverride(ctx, "k", Override{Capacity: 100, Refill: 1})
+	mustResult(t, r, err, 100, 99)
+	if err := l.Reset(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock(4242)`); err != nil {
+		t.Fatal(err)
+	}
+	released = true
+	res := <-done
+	mustResult(t, res.r, res.err, 100, 99) // a new row, full under the override
+	if c := ovCopy(t, pool, "pgratelimit_buckets", "race", "k"); c != 100 {
+		t.Fatalf("copy after the check: %d, want 100", c)
+	}
+	r, err = l.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 100, 98)
+}
