@@ -11,7 +11,12 @@ import (
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
-// withLimiter runs a command that works on a limiter (runOn).
+// withLimiter runs a command that works on a limiter (runOn), check
+// reading its positional arguments first. When the database could not be
+// reached (flags.unreachable), fn runs in an ended context, so that the
+// library reports bad input (found before any database access) as it does
+// with a database, and any other outcome is the unreachable database's
+// error.
 func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) int {
 	open := func(ctx context.Context, pos []string) (*pgratelimit.Limiter, func(), error) {
 		if check != nil {
@@ -21,16 +26,7 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 		}
 		return f.limiter(ctx)
 	}
-	return runOn(f, ctx, args, nargs, open, f.unlessUnreachable(fn))
-}
-
-// unlessUnreachable runs fn, unless the database could not be reached
-// (flags.unreachable): then fn runs in an ended context, so that the
-// library reports bad input (found before any database access) as it does
-// with a database, and any other outcome is the unreachable database's
-// error.
-func (f *flags) unlessUnreachable(fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-	return func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+	return runOn(f, ctx, args, nargs, open, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		if f.unreachable == nil {
 			return fn(ctx, l, pos)
 		}
@@ -40,7 +36,7 @@ func (f *flags) unlessUnreachable(fn func(ctx context.Context, l *pgratelimit.Li
 			return code, err
 		}
 		return 0, f.unreachable
-	}
+	})
 }
 
 // runOn runs a command that works on a limiter or a semaphore: it parses

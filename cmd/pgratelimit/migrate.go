@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -152,8 +152,10 @@ func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 		}
 		return f.fail(err)
 	}
-	fmt.Fprintf(f.c.stdout, "distributed by key: %s\n", strings.Join(tables.Distributed, ", "))
-	fmt.Fprintf(f.c.stdout, "on the coordinator: %s (usage alerts: consumers claim events across keys)\n", strings.Join(tables.Coordinator, ", "))
+	fmt.Fprintf(f.c.stdout, "distributed by key: %s\n", strings.Join([]string{sqlgen.DurableTable, sqlgen.EphemeralTable,
+		sqlgen.GrantsTable, sqlgen.RequestsTable, sqlgen.LedgerTable, sqlgen.OverridesTable}, ", "))
+	fmt.Fprintf(f.c.stdout, "on the coordinator: %s (usage alerts: consumers claim events across keys; policies: written once per process)\n",
+		strings.Join([]string{sqlgen.AlertStateTable, sqlgen.EventsTable, sqlgen.PoliciesTable}, ", "))
 	return exitOK
 }
 

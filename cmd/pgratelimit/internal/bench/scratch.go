@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -35,9 +35,9 @@ type scratch struct {
 func createScratch(ctx context.Context, env Env, o Options, cfg pgratelimit.Config) (*scratch, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	s := &scratch{env: env, name: "pgratelimit_bench_" + hex.EncodeToString(b[:]), table: tables.Buckets}
+	s := &scratch{env: env, name: "pgratelimit_bench_" + hex.EncodeToString(b[:]), table: sqlgen.DurableTable}
 	if cfg.Storage == pgratelimit.Ephemeral {
-		s.table = tables.EphemeralBuckets
+		s.table = sqlgen.EphemeralTable
 	}
 	sctx, cancel := env.bound(ctx)
 	defer cancel()
@@ -160,7 +160,7 @@ func (s *scratch) tableStats(ctx context.Context, rep *Report, sizes bool) error
 		rep.Updates, rep.HotRatio = upd, math.Round(1000*float64(hot)/float64(upd))/1000
 	}
 	if rep.Alerts {
-		events := pgx.Identifier{s.name, tables.Events}.Sanitize()
+		events := pgx.Identifier{s.name, sqlgen.EventsTable}.Sanitize()
 		if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+events).Scan(&rep.Events); err != nil {
 			return fmt.Errorf("counting the events: %w", err)
 		}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
 	"github.com/pgratelimit/pgratelimit/internal/middleware"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -88,7 +88,7 @@ func (a *app) resetCredits(ctx context.Context, key string) error {
 	if err := a.credits.Load().Reset(ctx, key); err != nil {
 		return err
 	}
-	for _, table := range []string{tables.Grants, tables.AlertState, tables.Events} {
+	for _, table := range []string{sqlgen.GrantsTable, sqlgen.AlertStateTable, sqlgen.EventsTable} {
 		del := `DELETE FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
 		if _, err := a.pool.Exec(ctx, del, creditsPrefix, key); err != nil {
 			return fmt.Errorf("delete the rows of %q in %s: %w", key, table, err)
