@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -74,20 +73,6 @@ func (f *flags) url() (string, error) {
 		return "", usagef("the database URL is a %s:// URL: pgratelimit needs PostgreSQL, a postgres:// (or postgresql://) URL such as postgres://user:password@localhost:5432/app", scheme)
 	}
 	return u, nil
-}
-
-// connConfig parses the database URL, with the connect timeout set.
-func (f *flags) connConfig() (*pgx.ConnConfig, error) {
-	u, err := f.url()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
-	}
-	f.prepare(&cfg.Config)
-	return cfg, nil
 }
 
 // poolConfig parses the database URL as a pool's, with the connect timeout
@@ -246,4 +231,13 @@ func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(
 // printJSON prints v as a line of JSON on stdout.
 func (f *flags) printJSON(v any) {
 	_ = json.NewEncoder(f.c.stdout).Encode(v)
+}
+
+// emit prints j as a line of JSON with --json, else line.
+func (f *flags) emit(j any, line string) {
+	if f.json {
+		f.printJSON(j)
+	} else {
+		fmt.Fprintln(f.c.stdout, line)
+	}
 }

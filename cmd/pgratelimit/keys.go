@@ -221,11 +221,7 @@ func runPeek(ctx context.Context, c *cli, args []string) int {
 		if err != nil {
 			return 0, err
 		}
-		if f.json {
-			f.printJSON(newResultJSON(key, r))
-		} else {
-			fmt.Fprintln(c.stdout, peekText(key, r, before))
-		}
+		f.emit(newResultJSON(key, r), peekText(key, r, before))
 		return exitOK, nil // peeking checks nothing, so it is never "denied"
 	})
 }
@@ -305,11 +301,7 @@ func runReset(ctx context.Context, c *cli, args []string) int {
 		if err := l.Reset(ctx, pos[0]); err != nil {
 			return 0, err
 		}
-		if f.json {
-			f.printJSON(map[string]any{"key": pos[0], "reset": true})
-		} else {
-			fmt.Fprintf(c.stdout, "reset: %q is full again (%d tokens)\n", pos[0], f.capacity)
-		}
+		f.emit(map[string]any{"key": pos[0], "reset": true}, fmt.Sprintf("reset: %q is full again (%d tokens)", pos[0], f.capacity))
 		return exitOK, nil
 	})
 }

@@ -317,11 +317,7 @@ func runRelease(ctx context.Context, c *cli, args []string) int {
 			j.Status, j.leaseJSON = "released", leaseJSONOf(*held, 0)
 			line = fmt.Sprintf("released lease %s of %q (%s, token %d): free again", shownID(id), key, units(held.Weight), held.Token)
 		}
-		if f.json {
-			f.printJSON(j)
-		} else {
-			fmt.Fprintln(c.stdout, line)
-		}
+		f.emit(j, line)
 		return code, nil
 	})
 }
@@ -354,11 +350,7 @@ func runExtend(ctx context.Context, c *cli, args []string) int {
 			j.Status, j.leaseJSON, code = "extended", leaseJSONOf(l, expiresIn(l, now)), exitOK
 			line = fmt.Sprintf("extended lease %s of %q (%s, token %d): expires %s", shownID(id), key, units(l.Weight), l.Token, whenIn(expiresIn(l, now), now))
 		}
-		if f.json {
-			f.printJSON(j)
-		} else {
-			fmt.Fprintln(c.stdout, line)
-		}
+		f.emit(j, line)
 		return code, nil
 	})
 }

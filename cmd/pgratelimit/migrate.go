@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
@@ -60,11 +59,12 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	if action != "up" && action != "down" && action != "status" && action != "distribute" {
 		return f.fail(usagef("unknown action %q: want up, down, status or distribute", action))
 	}
-	cfg, err := f.connConfig()
+	pool, err := f.pool(ctx)
 	if err != nil {
 		return f.fail(err)
 	}
-	db := stdlib.OpenDB(*cfg)
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	sctx, cancel := f.withTimeout(ctx)
 	before, err := migrationStatus(sctx, db)
@@ -218,7 +218,9 @@ func sayChanges(say io.Writer, action string, before, after []migrationRow) {
 // every --every until interrupted, with a Cleaner (so a run skips while an
 // application's Cleaner holds the schema's cleanup lock). Its count is over
 // every table (expired leases included): the library does not count them
-// by table.
+// by table. With --every it is Cleaner.Run's loop, with --timeout on each
+// run: a run every D (plus up to a tenth of it, at random), said by the
+// Cleaner's log on stderr (and with --json, a line per run on stdout).
 func runCleanup(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "cleanup")
 	every := f.Duration("every", 0, "run every D until interrupted (default: once)")
@@ -231,39 +233,11 @@ func runCleanup(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	defer pool.Close()
+	cfg := pgratelimit.CleanerConfig{Interval: *every, BatchSize: *batch}
 	if *every > 0 {
-		return f.cleanEvery(ctx, pool, *every, *batch)
+		cfg.Logger = slog.New(slog.NewTextHandler(c.stderr, nil))
 	}
-	ctx, cancel := f.withTimeout(ctx)
-	defer cancel()
-	cl, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: *batch})
-	if err != nil {
-		return f.fail(err)
-	}
-	start := time.Now()
-	st, err := cl.RunOnce(ctx)
-	took := time.Since(start)
-	switch {
-	case err != nil:
-		return f.fail(err)
-	case f.json:
-		f.printJSON(map[string]any{"deleted": st.Deleted, "ms": took.Milliseconds(), "skipped": st.Skipped})
-	case st.Skipped:
-		fmt.Fprintln(c.stdout, "skipped: another instance is cleaning (it holds the schema's cleanup lock)")
-	default:
-		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", st.Deleted, took.Round(time.Millisecond))
-	}
-	return exitOK
-}
-
-// cleanEvery is Cleaner.Run's loop, with --timeout on each run: a run every
-// every (plus up to a tenth of it, at random) until ctx is done.
-func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.Duration, batch int) int {
-	cl, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{
-		Interval:  every,
-		BatchSize: batch,
-		Logger:    slog.New(slog.NewTextHandler(f.c.stderr, nil)),
-	})
+	cl, err := pgratelimit.NewCleaner(pool, cfg)
 	if err != nil {
 		return f.fail(err)
 	}
@@ -272,17 +246,30 @@ func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.D
 		start := time.Now()
 		st, err := cl.RunOnce(rctx)
 		cancel()
-		if ctx.Err() != nil {
+		took := time.Since(start)
+		switch {
+		case *every > 0 && ctx.Err() != nil:
+			return exitOK
+		case *every > 0:
+			if f.json && err == nil {
+				f.printJSON(map[string]any{"deleted": st.Deleted, "ms": took.Milliseconds(), "skipped": st.Skipped})
+			}
+		case err != nil:
+			return f.fail(err)
+		case f.json:
+			f.printJSON(map[string]any{"deleted": st.Deleted, "ms": took.Milliseconds(), "skipped": st.Skipped})
+			return exitOK
+		case st.Skipped:
+			fmt.Fprintln(c.stdout, "skipped: another instance is cleaning (it holds the schema's cleanup lock)")
+			return exitOK
+		default:
+			fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", st.Deleted, took.Round(time.Millisecond))
 			return exitOK
 		}
-		if f.json && err == nil {
-			f.printJSON(map[string]any{"deleted": st.Deleted, "ms": time.Since(start).Milliseconds(), "skipped": st.Skipped})
-		}
-		jitter := time.Duration(mrand.Int64N(int64(every)/10 + 1))
 		select {
 		case <-ctx.Done():
 			return exitOK
-		case <-time.After(every + jitter):
+		case <-time.After(*every + time.Duration(mrand.Int64N(int64(*every)/10+1))):
 		}
 	}
 }

@@ -234,12 +234,8 @@ func runOverrideClear(ctx context.Context, f *flags, args []string) int {
 		if err != nil {
 			return 0, err
 		}
-		if f.json {
-			f.printJSON(overrideJSON{Prefix: l.Config().Prefix, Key: key, Cleared: true, Bucket: ptr(newResultJSON(key, r))})
-		} else {
-			fmt.Fprintf(f.c.stdout, "override cleared on %q of prefix %q (if it had one): under the limiter's policy from its next check, it has %s\n",
-				key, l.Config().Prefix, holding(r))
-		}
+		f.emit(overrideJSON{Prefix: l.Config().Prefix, Key: key, Cleared: true, Bucket: ptr(newResultJSON(key, r))},
+			fmt.Sprintf("override cleared on %q of prefix %q (if it had one): under the limiter's policy from its next check, it has %s", key, l.Config().Prefix, holding(r)))
 		return exitOK, nil
 	})
 }
