@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/internal/notify"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
@@ -296,7 +296,7 @@ func eventLine(e events.Event) string {
 	case !e.DeliveredAt.IsZero():
 		b.WriteString("  delivered " + e.DeliveredAt.UTC().Format(eventTime))
 	case e.Attempts > 0:
-		fmt.Fprintf(&b, "  pending (%s, last error %q)", plural(int64(e.Attempts), "attempt", "attempts"), e.LastError)
+		fmt.Fprintf(&b, "  pending (%s, last error %q)", human.Plural(int64(e.Attempts), "attempt", "attempts"), e.LastError)
 	default:
 		b.WriteString("  pending")
 	}
@@ -308,8 +308,7 @@ func eventLine(e events.Event) string {
 func eventThreshold(e events.Event) string {
 	switch e.Kind {
 	case events.Used:
-		// Rounded to a millionth of a percent: 0.57*100 is 56.99999999999999.
-		return strconv.FormatFloat(math.Round(e.Fraction*1e8)/1e6, 'f', -1, 64) + "%"
+		return human.Percent(e.Fraction)
 	case events.Below:
 		return strconv.FormatInt(e.Level, 10)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -124,7 +125,7 @@ func retryText(r pgratelimit.Result, now time.Time) string {
 	if r.RetryAfter == pgratelimit.InfDuration {
 		return "refills alone will never cover it (grant more)"
 	}
-	return "retry " + whenIn(r.RetryAfter, now)
+	return "retry " + human.In(r.RetryAfter, now)
 }
 
 // fullness says when a bucket is full again, counted from now.
@@ -132,14 +133,7 @@ func fullness(r pgratelimit.Result, now time.Time) string {
 	if r.Remaining >= r.Limit {
 		return "full"
 	}
-	return "full " + whenIn(r.ResetAfter, now)
-}
-
-func plural(n int64, one, many string) string {
-	if n == 1 || n == -1 {
-		return fmt.Sprintf("%d %s", n, one)
-	}
-	return fmt.Sprintf("%d %s", n, many)
+	return "full " + human.In(r.ResetAfter, now)
 }
 
 // mismatchText says what request ID id on key names, for the error of a
@@ -191,7 +185,7 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		var line string
 		if r.Allowed {
 			line = fmt.Sprintf("allowed: took %s from %q%s: %d of %d left%s, %s",
-				plural(*cost, "token", "tokens"), key, tookText(*cost, r.FromGrants), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
+				human.Plural(*cost, "token", "tokens"), key, tookText(*cost, r.FromGrants), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
 		} else {
 			line = fmt.Sprintf("denied: %q has %s, not the %d asked for (nothing taken); %s",
 				key, holding(r), *cost, retryText(r, now))
@@ -246,11 +240,11 @@ func peekText(key string, r pgratelimit.Result, now time.Time) string {
 	case r.RetryAfter == pgratelimit.InfDuration:
 		waits = append(waits, "refills alone will never cover a check of 1")
 	case r.Remaining == 0 && r.RetryAfter == r.ResetAfter: // one refill fills it
-		return s + ": full again " + whenIn(r.ResetAfter, now)
+		return s + ": full again " + human.In(r.ResetAfter, now)
 	case r.Remaining == 0:
-		waits = append(waits, "next token "+whenIn(r.RetryAfter, now))
+		waits = append(waits, "next token "+human.In(r.RetryAfter, now))
 	default:
-		waits = append(waits, "a check of 1 is allowed again "+whenIn(r.RetryAfter, now))
+		waits = append(waits, "a check of 1 is allowed again "+human.In(r.RetryAfter, now))
 	}
 	if r.Remaining < r.Limit {
 		waits = append(waits, fullness(r, now))
@@ -289,7 +283,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 		case r.Remaining >= r.Limit:
 			fmt.Fprintf(c.stdout, "refunded: %q is full, %d of %d tokens (a refund never fills a bucket past its capacity)\n", key, r.Remaining, r.Limit)
 		default:
-			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %s, %s\n", plural(n, "token", "tokens"), key, holding(r), fullness(r, before))
+			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %s, %s\n", human.Plural(n, "token", "tokens"), key, holding(r), fullness(r, before))
 		}
 		return exitOK, nil
 	})
@@ -394,7 +388,7 @@ func runBalance(ctx context.Context, c *cli, args []string) int {
 			bucket = fmt.Sprintf("a debt of %d, repaid by refills or grants; %s", -r.Remaining, bucket)
 		}
 		fmt.Fprintf(c.stdout, "%q: %d of %d tokens in the bucket (%s); %d granted in %s\n",
-			key, r.Remaining, r.Limit, bucket, r.Granted, plural(int64(len(gs)), "live grant", "live grants"))
+			key, r.Remaining, r.Limit, bucket, r.Granted, human.Plural(int64(len(gs)), "live grant", "live grants"))
 		for _, g := range gs {
 			fmt.Fprintf(c.stdout, "  grant %d: %d left, %s (granted %s)\n", g.ID, g.Amount, expiryText(g.ExpiresAt), g.GrantedAt.UTC().Format(time.RFC3339))
 		}

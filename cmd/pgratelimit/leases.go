@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -94,7 +95,7 @@ func shownID(id string) string {
 }
 
 // units says n units: "1 unit", "3 units".
-func units(n int64) string { return plural(n, "unit", "units") }
+func units(n int64) string { return human.Plural(n, "unit", "units") }
 
 // expiresIn is how long lease l still counts, by this machine's clock (0
 // once past).
@@ -245,7 +246,7 @@ func (a acquisition) print(f *flags) {
 		f.printJSON(j)
 		return
 	}
-	held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), a.key, l.Token, r.Limit-r.Remaining, r.Limit, whenIn(left, now))
+	held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), a.key, l.Token, r.Limit-r.Remaining, r.Limit, human.In(left, now))
 	switch {
 	case replayed:
 		fmt.Fprintf(f.c.stdout, "%s  replayed: request %q already holds this lease, acquired at %s (nothing taken now): %s\n",
@@ -254,7 +255,7 @@ func (a acquisition) print(f *flags) {
 		fmt.Fprintf(f.c.stdout, "%s  acquired %s\n", shownID(l.ID), held)
 	case a.gaveUp:
 		fmt.Fprintf(f.c.stdout, "denied: waited %s (--timeout) for %s of %q, none came free: %d of %d held (nothing taken); %s\n",
-			human(a.waited), units(a.weight), a.key, r.Limit-r.Remaining, r.Limit, leaseRetryText(r, now))
+			human.Duration(a.waited), units(a.weight), a.key, r.Limit-r.Remaining, r.Limit, leaseRetryText(r, now))
 	default:
 		fmt.Fprintf(f.c.stdout, "denied: %q has %d of %d units held, so not the %d asked for (nothing taken); %s\n",
 			a.key, r.Limit-r.Remaining, r.Limit, a.weight, leaseRetryText(r, now))
@@ -267,7 +268,7 @@ func leaseRetryText(r pgratelimit.LeaseResult, now time.Time) string {
 	if r.RetryAfter == pgratelimit.InfDuration {
 		return "expiries alone will never free enough units (the weight is more than Max)"
 	}
-	return "retry " + whenIn(r.RetryAfter, now) + ", when enough leases expire (sooner if one is released; --wait waits)"
+	return "retry " + human.In(r.RetryAfter, now) + ", when enough leases expire (sooner if one is released; --wait waits)"
 }
 
 // leaseStatusJSON is a release's or an extension's outcome for --json:
@@ -348,7 +349,7 @@ func runExtend(ctx context.Context, c *cli, args []string) int {
 		default:
 			now := time.Now()
 			j.Status, j.leaseJSON, code = "extended", leaseJSONOf(l, expiresIn(l, now)), exitOK
-			line = fmt.Sprintf("extended lease %s of %q (%s, token %d): expires %s", shownID(id), key, units(l.Weight), l.Token, whenIn(expiresIn(l, now), now))
+			line = fmt.Sprintf("extended lease %s of %q (%s, token %d): expires %s", shownID(id), key, units(l.Weight), l.Token, human.In(expiresIn(l, now), now))
 		}
 		f.emit(j, line)
 		return code, nil
@@ -399,10 +400,10 @@ func runLeases(ctx context.Context, c *cli, args []string) int {
 		if *max > 0 {
 			of = fmt.Sprintf(" of %d", *max)
 		}
-		fmt.Fprintf(c.stdout, "%q: %s holding %s%s (prefix %q), oldest first:\n", key, plural(int64(len(ls)), "live lease", "live leases"), units(j.Held), of, f.prefix)
+		fmt.Fprintf(c.stdout, "%q: %s holding %s%s (prefix %q), oldest first:\n", key, human.Plural(int64(len(ls)), "live lease", "live leases"), units(j.Held), of, f.prefix)
 		for _, l := range ls {
 			fmt.Fprintf(c.stdout, "  %s  weight %d  token %d  acquired %s  expires %s\n",
-				shownID(l.ID), l.Weight, l.Token, l.AcquiredAt.UTC().Format(eventTime), whenIn(expiresIn(l, now), now))
+				shownID(l.ID), l.Weight, l.Token, l.AcquiredAt.UTC().Format(eventTime), human.In(expiresIn(l, now), now))
 		}
 		return exitOK, nil
 	})

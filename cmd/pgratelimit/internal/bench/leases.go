@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -39,7 +40,7 @@ func (a *leaseAudit) answer(k int, weight int64, r pgratelimit.LeaseResult) {
 	case r.Allowed && r.Limit-r.Remaining > a.max:
 		a.fail("an acquisition of %s left %d units held, more than --lease-max %d", keyName(k), r.Limit-r.Remaining, a.max)
 	case !r.Allowed && r.Limit-r.Remaining+weight <= a.max:
-		a.fail("an acquisition of %s of %s was denied with %d of %d held", plural(weight, "unit", "units"), keyName(k), r.Limit-r.Remaining, a.max)
+		a.fail("an acquisition of %s of %s was denied with %d of %d held", human.Plural(weight, "unit", "units"), keyName(k), r.Limit-r.Remaining, a.max)
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/internal/middleware"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -145,7 +145,7 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request, key string) er
 		if m.RetryAfter == pgratelimit.InfDuration {
 			out.Message += fmt.Sprintf("Even a full quota (%d) would not cover it: grant credits.", res.Limit)
 		} else {
-			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", humantime.Duration(m.RetryAfter))
+			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", human.Duration(m.RetryAfter))
 		}
 	}
 	writeJSON(w, status, out)
@@ -166,7 +166,7 @@ func (a *app) serveGrant(w http.ResponseWriter, r *http.Request, key string) err
 		if err != nil || d <= 0 {
 			return badf("expires_in must be a positive duration such as 1h or 168h, got %q", s)
 		}
-		expiresAt, expires = time.Now().Add(d), "expires in "+humantime.Duration(d)
+		expiresAt, expires = time.Now().Add(d), "expires in "+human.Duration(d)
 	}
 	if _, err := a.credits.Load().Grant(r.Context(), key, amount, expiresAt); err != nil {
 		return err

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -281,10 +281,10 @@ func (a *app) serveJobStart(w http.ResponseWriter, r *http.Request, key string) 
 	if !res.Allowed {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((res.RetryAfter+time.Second-1)/time.Second), 10))
 		return a.writeJobs(w, r, key, http.StatusTooManyRequests, fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
-			res.Limit, res.Limit-res.Remaining, res.Limit, humantime.Duration(res.RetryAfter)))
+			res.Limit, res.Limit-res.Remaining, res.Limit, human.Duration(res.RetryAfter)))
 	}
 	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
-		res.Lease.Token, humantime.Duration(a.jobs.runFor), humantime.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit))
+		res.Lease.Token, human.Duration(a.jobs.runFor), human.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit))
 }
 
 // serveJobKill kills the client's oldest running job: no more heartbeats,
@@ -293,7 +293,7 @@ func (a *app) serveJobKill(w http.ResponseWriter, r *http.Request, key string) e
 	msg := "No running job to kill: start one first."
 	if l, ok := a.jobs.kill(key); ok {
 		msg = fmt.Sprintf("Killed the job with lease token %d without releasing its lease: no more heartbeats, so its slot comes back when the lease expires, in %s.",
-			l.Token, humantime.Duration(max(time.Until(l.ExpiresAt), 0)))
+			l.Token, human.Duration(max(time.Until(l.ExpiresAt), 0)))
 	}
 	return a.writeJobs(w, r, key, http.StatusOK, msg)
 }
