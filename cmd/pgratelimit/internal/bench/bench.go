@@ -141,16 +141,7 @@ func (o Options) Config() (pgratelimit.Config, error) {
 	if o.Commit == "async" {
 		// The library refuses AsyncCommit with money: credits, their ledger
 		// and exactly-once charges must survive a crash.
-		var money []string
-		if o.Grants > 0 {
-			money = append(money, "--grants")
-		}
-		if o.Ledger {
-			money = append(money, "--ledger")
-		}
-		if o.RequestIDs {
-			money = append(money, "--request-ids")
-		}
+		money := setFlags([]bool{o.Grants > 0, o.Ledger, o.RequestIDs}, "--grants", "--ledger", "--request-ids")
 		if len(money) > 0 {
 			return cfg, clierr.Usagef("--commit async does not go with %s: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop %s, or use --commit sync)",
 				strings.Join(money, ", "), strings.Join(money, ", "))
@@ -172,20 +163,9 @@ func (o Options) Config() (pgratelimit.Config, error) {
 // checkLeases refuses, with --leases, the flags of checks, and a lease
 // that could never be acquired.
 func (o Options) checkLeases() error {
-	var checks []string
-	for _, c := range []struct {
-		set  bool
-		flag string
-	}{
-		{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval, "--capacity, --refill, --interval"},
-		{o.Limits != 1, "--limits"}, {o.Grants > 0, "--grants"}, {o.DenyCache > 0, "--deny-cache"}, {o.Ledger, "--ledger"},
-		{o.Alerts, "--alerts"}, {o.Commit != "sync", "--commit async"}, {o.Hold, "--hold"}, {o.Prefill > 0, "--prefill"},
-		{o.Overrides > 0, "--overrides"},
-	} {
-		if c.set {
-			checks = append(checks, c.flag)
-		}
-	}
+	checks := setFlags([]bool{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval,
+		o.Limits != 1, o.Grants > 0, o.DenyCache > 0, o.Ledger, o.Alerts, o.Commit != "sync", o.Hold, o.Prefill > 0, o.Overrides > 0},
+		"--capacity, --refill, --interval", "--limits", "--grants", "--deny-cache", "--ledger", "--alerts", "--commit async", "--hold", "--prefill", "--overrides")
 	switch {
 	case len(checks) > 0:
 		return clierr.Usagef("--leases does not go with %s: they set up checks of buckets, and a run with --leases makes none (its limit is --lease-max)", strings.Join(checks, ", "))
@@ -195,6 +175,17 @@ func (o Options) checkLeases() error {
 		return clierr.Usagef("--cost %d, the weight of each lease, is more than --lease-max %d: no lease could be acquired", o.Cost, o.LeaseMax)
 	}
 	return nil
+}
+
+// setFlags returns the flags (or names) whose set is true, in their order.
+func setFlags(set []bool, flags ...string) []string {
+	var out []string
+	for i, f := range flags {
+		if set[i] {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // SemaphoreConfig is the Semaphore of a run with --leases: --lease-max
@@ -219,33 +210,7 @@ func (o Options) conns() int {
 // contender names the run in its report: ours-MODE-STORAGE and what else
 // it does (-alerts: --alerts; -async: --commit async; -leases: --leases).
 func (o Options) contender() string {
-	name := "ours-" + o.Mode + "-" + o.Storage
-	if o.Leases {
-		name += "-leases"
-	}
-	if o.Limits == 2 {
-		name += "-2limits"
-	}
-	if o.Grants > 0 {
-		name += "-grants"
-	}
-	if o.DenyCache > 0 {
-		name += "-denycache"
-	}
-	if o.Ledger {
-		name += "-ledger"
-	}
-	if o.RequestIDs {
-		name += "-requestids"
-	}
-	if o.Alerts {
-		name += "-alerts"
-	}
-	if o.Overrides > 0 {
-		name += "-overrides"
-	}
-	if o.Commit == "async" {
-		name += "-async"
-	}
-	return name
+	return "ours-" + o.Mode + "-" + o.Storage + strings.Join(setFlags(
+		[]bool{o.Leases, o.Limits == 2, o.Grants > 0, o.DenyCache > 0, o.Ledger, o.RequestIDs, o.Alerts, o.Overrides > 0, o.Commit == "async"},
+		"-leases", "-2limits", "-grants", "-denycache", "-ledger", "-requestids", "-alerts", "-overrides", "-async"), "")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench/cpu"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -134,12 +135,12 @@ func measure(ctx context.Context, env Env, o Options, pool *pgxpool.Pool, ch *ch
 	if nodes != nil {
 		nodes0 = nodes.cpu(ctx)
 	}
-	client := cpuSelf()
+	client := cpu.Self()
 	stopProgress, err := ld.run(ctx, env.Progress, o, pool, ch)
 	if err != nil {
 		return nil, cpuUsed{}, err
 	}
-	used := cpuUsed{client: cpuSelf() - client, serverRead: server > 0}
+	used := cpuUsed{client: cpu.Self() - client, serverRead: server > 0}
 	stopProgress()
 	used.server = serverCPU(ctx, pool) - server
 	if nodes != nil {
@@ -184,10 +185,9 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 	if checks == 0 {
 		return rep
 	}
-	perCheck := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/float64(checks)) / 10 }
-	rep.ClientUsPerCheck = perCheck(used.client)
+	rep.ClientUsPerCheck = usPer(used.client, checks)
 	if used.serverRead {
-		rep.ServerUsPerCheck = perCheck(used.server)
+		rep.ServerUsPerCheck = usPer(used.server, checks)
 	}
 	if nodes == nil {
 		return rep
@@ -199,7 +199,7 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 	for i, d := range used.nodes {
 		nc := NodeCPU{Node: nodes.names[i], UsPerCheck: -1}
 		if d >= 0 {
-			nc.UsPerCheck = perCheck(d)
+			nc.UsPerCheck = usPer(d, checks)
 			rep.ServerUsPerCheck += nc.UsPerCheck
 		} else {
 			readAll = false
@@ -222,11 +222,15 @@ func (ld *load) leaseFigures(rep *Report, o Options, used cpuUsed) {
 	if rep.Pairs == 0 {
 		return
 	}
-	perPair := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/float64(rep.Pairs)) / 10 }
-	rep.ClientUsPerPair = perPair(used.client)
+	rep.ClientUsPerPair = usPer(used.client, rep.Pairs)
 	if used.serverRead {
-		rep.ServerUsPerPair = perPair(used.server)
+		rep.ServerUsPerPair = usPer(used.server, rep.Pairs)
 	}
+}
+
+// usPer is d over n, in microseconds to a tenth.
+func usPer(d time.Duration, n int64) float64 {
+	return math.Round(10*float64(d.Microseconds())/float64(n)) / 10
 }
 
 // audit checks exactness: no key may have been given more than a bucket
