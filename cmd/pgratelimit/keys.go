@@ -418,13 +418,10 @@ func runSettle(ctx context.Context, c *cli, args []string) int {
 	requestID := f.String("request-id", "", "the request ID of the estimate's check (required)")
 	actual := f.Int64("actual", 0, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
 	check := func([]string) error {
-		switch {
-		case !f.Changed("request-id"):
-			return usagef("--request-id is required: the ID the estimate was taken with (allow --request-id)")
-		case !f.Changed("actual"):
-			return usagef("--actual is required: the actual cost, 0 or more")
+		if err := f.required("request-id", "the ID the estimate was taken with (allow --request-id)"); err != nil {
+			return err
 		}
-		return nil
+		return f.required("actual", "the actual cost, 0 or more")
 	}
 	f.input("--actual", pgratelimit.ErrInvalidCost)
 	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
