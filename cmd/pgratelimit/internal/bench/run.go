@@ -9,7 +9,6 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -264,48 +263,50 @@ type checker struct {
 	// audit, if not nil, is the run's exactness audit, instead of the
 	// buckets' (--leases).
 	audit func() string
-	// close releases what the limiters run on (a client of their own with
-	// --no-routing).
+	// close closes the client the limiters or the semaphore run on (with
+	// --coalesce-conns and --no-routing).
 	close func(ctx context.Context)
 }
 
 func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config, o Options) (*checker, error) {
-	if o.Leases {
-		return newLeaseChecker(ctx, pool, o)
-	}
 	client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: o.CoalesceConns, DisableRouting: o.NoRouting})
 	if err != nil {
 		return nil, err
 	}
-	ch := &checker{close: func(ctx context.Context) { client.Close(ctx) }, timeDenied: true}
-	newLimiter := client.NewLimiter
-	l, err := newLimiter(cfg)
+	ch := &checker{close: func(ctx context.Context) { client.Close(ctx) }, timeDenied: !o.Leases}
+	if o.Leases {
+		err = ch.leases(client, o)
+	} else {
+		err = ch.limits(client, cfg, o)
+	}
 	if err != nil {
 		ch.close(ctx)
 		return nil, err
 	}
+	return ch, nil
+}
+
+// limits makes the checker's limiter, and with --limits 2 its daily one.
+func (ch *checker) limits(client *pgratelimit.Client, cfg pgratelimit.Config, o Options) error {
+	l, err := client.NewLimiter(cfg)
+	if err != nil {
+		return err
+	}
 	ch.l = l
-	var ids atomic.Int64
 	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
-		if o.RequestIDs {
-			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ids.Add(1), 10))
-		}
 		r, err := l.AllowN(ctx, keyName(k), cost)
 		return r.Allowed, err
 	}
-	if o.Limits == 2 {
-		dayCfg := cfg
-		dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
-		day, err := newLimiter(dayCfg)
-		if err != nil {
-			ch.close(ctx)
-			return nil, err
-		}
-		ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
-			key := keyName(k)
-			m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost), day.Charge(key, cost))
-			return m.Allowed, err
-		}
+	if o.Limits == 1 {
+		return nil
 	}
-	return ch, nil
+	dayCfg := cfg
+	dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
+	day, err := client.NewLimiter(dayCfg)
+	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
+		key := keyName(k)
+		m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost), day.Charge(key, cost))
+		return m.Allowed, err
+	}
+	return err
 }

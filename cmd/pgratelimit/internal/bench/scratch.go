@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -64,22 +65,19 @@ func createScratch(ctx context.Context, env Env, o Options, cfg pgratelimit.Conf
 	return s, nil
 }
 
-// setUp migrates the schema, distributes it if it may, and grants.
+// setUp migrates the schema, distributes it if it may (with --citus, it
+// must), and grants.
 func (s *scratch) setUp(ctx context.Context, o Options, cfg pgratelimit.Config) error {
 	db := stdlib.OpenDB(*s.env.Pool.ConnConfig)
 	defer db.Close()
 	if err := migrations.Up(ctx, db); err != nil {
 		return err
 	}
-	var citusInstalled bool
-	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citusInstalled); err != nil {
-		return err
-	}
-	if o.Citus || citusInstalled {
-		if err := migrations.Distribute(ctx, db); err != nil {
-			return err
-		}
+	switch err := migrations.Distribute(ctx, db); {
+	case err == nil:
 		s.distributed = true
+	case !errors.Is(err, migrations.ErrNoCitus) || o.Citus:
+		return err
 	}
 	if o.Overrides > 0 {
 		// One key in every 1/F, with the run's own capacity and refill: the
