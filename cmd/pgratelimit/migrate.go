@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -79,16 +80,23 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	}
 	ctx, cancel = f.withTimeout(ctx) // (after the question, which may take a while)
 	defer cancel()
-	if action == "distribute" {
-		return f.distribute(ctx, db)
-	}
 	// What up or down did, in words: to stdout, or with --json (whose
 	// stdout is the status) to stderr.
 	say := c.stdout
 	if f.json {
 		say = c.stderr
 	}
-	if err := migrate(ctx, db, action, before, say); err != nil {
+	switch {
+	case action == "distribute":
+		return f.distribute(ctx, db)
+	case action == "up":
+		err = migrations.Up(ctx, db)
+	case action == "down" && slices.ContainsFunc(before, func(r migrationRow) bool { return r.Applied }):
+		err = migrations.Down(ctx, db)
+	case action == "down":
+		fmt.Fprintln(say, "nothing to roll back: no migration is applied")
+	}
+	if err != nil {
 		return f.fail(err)
 	}
 	after, err := migrationStatus(ctx, db)
@@ -157,24 +165,6 @@ func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 	fmt.Fprintf(f.c.stdout, "on the coordinator: %s (usage alerts: consumers claim events across keys; policies: written once per process)\n",
 		strings.Join([]string{sqlgen.AlertStateTable, sqlgen.EventsTable, sqlgen.PoliciesTable}, ", "))
 	return exitOK
-}
-
-// migrate applies every pending migration (up) or rolls the last one back
-// (down: nothing, said on say, when none is applied); status changes
-// nothing.
-func migrate(ctx context.Context, db *sql.DB, action string, before []migrationRow, say io.Writer) error {
-	switch action {
-	case "up":
-		return migrations.Up(ctx, db)
-	case "down":
-		for _, r := range before {
-			if r.Applied {
-				return migrations.Down(ctx, db)
-			}
-		}
-		fmt.Fprintln(say, "nothing to roll back: no migration is applied")
-	}
-	return nil
 }
 
 // lostOnRollback says, by version, what rolling a migration back throws

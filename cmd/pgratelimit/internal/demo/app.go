@@ -57,7 +57,7 @@ type app struct {
 	pool    *pgxpool.Pool
 	credits atomic.Pointer[pgratelimit.Limiter] // the credits scenario's: a monthly quota, grants and alerts
 	jobs    *jobs                               // the jobs card's: leases of a Semaphore
-	counts  checkCounter
+	counts  *otelCounter                        // the checks the demo's limiters decided, by result
 	mp      *sdkmetric.MeterProvider
 	log     *slog.Logger
 	timeout time.Duration // each request's database work; 0: none
@@ -68,11 +68,6 @@ type app struct {
 
 	done     chan struct{} // closed when the server shuts down: ends event streams
 	doneOnce sync.Once
-}
-
-// checkCounter reads how many checks the demo's limiters decided, by result.
-type checkCounter interface {
-	counts(ctx context.Context) (checkCounts, error)
 }
 
 // checkCounts are the checks decided so far, by result: Invalid are the
