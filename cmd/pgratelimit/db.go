@@ -145,6 +145,7 @@ func (f *flags) storageFlag() (pgratelimit.Storage, error) {
 var configFlags = map[string]string{
 	"Config.Prefix": "--prefix", "Config.Capacity": "--capacity", "Config.Refill": "--refill", "Config.Interval": "--interval",
 	"Config.Calendar.Every": "--every", "Config.Storage": "--storage",
+	"Config.Alerts": "--alerts", "Config.AsyncCommit": "--commit async", "Config.DenyCacheSize": "--deny-cache", // (bench's)
 	"SemaphoreConfig.Prefix": "--prefix", "SemaphoreConfig.Max": "--max", "SemaphoreConfig.TTL": "--ttl",
 	"SemaphoreConfig.Storage": "--storage", "SemaphoreConfig.MaxWait": "--timeout",
 }

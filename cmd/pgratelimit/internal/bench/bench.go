@@ -102,7 +102,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 }
 
 // Config checks the options and returns the limiter Config of the run; its
-// errors are clierr.UsageErrors that name the flags.
+// errors are clierr.UsageErrors that name the flags. The Config itself is
+// the library's to check (pgratelimit.New): its policy, and what it refuses
+// together (--alerts on ephemeral storage, --commit async with --grants or
+// --ledger). A request ID on an AsyncCommit limiter is refused at each call
+// (ErrInvalidArgument), so Config refuses --commit async with --request-ids.
 func (o Options) Config() (pgratelimit.Config, error) {
 	var cfg pgratelimit.Config
 	switch {
@@ -124,27 +128,18 @@ func (o Options) Config() (pgratelimit.Config, error) {
 		return cfg, clierr.Usagef("--storage must be durable or ephemeral, got %q", o.Storage)
 	}
 	switch {
-	case o.Grants < 0 || o.DenyCache < 0:
-		return cfg, clierr.Usagef("--grants and --deny-cache must be at least 0")
+	case o.Grants < 0:
+		return cfg, clierr.Usagef("--grants must be at least 0")
 	case o.Prefill != 0 && o.Prefill < o.Keys:
 		return cfg, clierr.Usagef("--prefill must be 0 or at least --keys (%d), got %d", o.Keys, o.Prefill)
 	case o.Overrides < 0 || o.Overrides > 1:
 		return cfg, clierr.Usagef("--overrides is a fraction of the keys, from 0 to 1, got %g", o.Overrides)
-	case o.Alerts && cfg.Storage != pgratelimit.Durable:
-		return cfg, clierr.Usagef("--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch")
+	case o.Commit == "async" && o.RequestIDs:
+		return cfg, clierr.Usagef("--commit async does not go with --request-ids: an exactly-once charge must survive a crash, so it commits synchronously (drop --request-ids, or use --commit sync)")
 	}
 	if o.Leases {
 		if err := o.checkLeases(); err != nil {
 			return cfg, err
-		}
-	}
-	if o.Commit == "async" {
-		// The library refuses AsyncCommit with money: credits, their ledger
-		// and exactly-once charges must survive a crash.
-		money := setFlags([]bool{o.Grants > 0, o.Ledger, o.RequestIDs}, "--grants", "--ledger", "--request-ids")
-		if len(money) > 0 {
-			return cfg, clierr.Usagef("--commit async does not go with %s: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop %s, or use --commit sync)",
-				strings.Join(money, ", "), strings.Join(money, ", "))
 		}
 	}
 	cfg.Prefix, cfg.Capacity, cfg.Refill, cfg.Interval = "bench", o.Capacity, o.Refill, o.Interval
