@@ -30,12 +30,17 @@ func (f *flags) withTimeout(ctx context.Context) (context.Context, context.Cance
 	if f.timeout <= 0 {
 		return ctx, func() {}
 	}
-	if f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut) {
+	if f.timedOut() {
 		return f.dbctx, func() {} // the command's --timeout has passed: what is left gives up too
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout+f.grace, errTimedOut)
 	f.dbctx = ctx
 	return ctx, cancel
+}
+
+// timedOut says the command's --timeout has passed.
+func (f *flags) timedOut() bool {
+	return f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut)
 }
 
 // prepare gives cc the connect timeout (--connect-timeout when set on the
@@ -118,14 +123,14 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	if !f.hasPolicy || f.every == "" {
 		return cfg, nil
 	}
-	if f.Changed("interval") {
-		return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
-	}
 	cal, err := f.calendar()
 	if err != nil {
 		return cfg, err
 	}
-	cfg.Calendar, cfg.Interval = cal, 0
+	cfg.Calendar = cal
+	if !f.Changed("interval") { // (both given: the library refuses them)
+		cfg.Interval = 0
+	}
 	return cfg, nil
 }
 
