@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/admin"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 	"github.com/stretchr/testify/require"
 )
@@ -129,7 +130,7 @@ func auditHammer(t *testing.T, l *pgratelimit.Limiter, pool *pgxpool.Pool, start
 				continue
 			}
 			require.NotEmpty(t, e.RequestID, "%+v", e)
-			rec, err := l.LookupRequest(ctx, k, e.RequestID)
+			rec, err := admin.LookupRequest(ctx, pool, "h", k, e.RequestID)
 			require.NoError(t, err, "the request of %+v", e)
 			require.Equal(t, e.Remaining, rec.Result.Remaining, "%+v", e)
 			require.Equal(t, rec.Amount > 0, true)

@@ -47,7 +47,7 @@ func alertWalk(t *testing.T, pool *pgxpool.Pool, faults func() (context.Context,
 	if settle != nil {
 		settle() // the faults' terminations still under way
 	}
-	w.audit()
+	w.audit(pool)
 	n := auditWalkEvents(t, pool, w)
 	t.Logf("seed %d: %d steps, %d retries, %d events, %v", seed, steps, w.retries, n, w.stats)
 }

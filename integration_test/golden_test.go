@@ -142,7 +142,6 @@ func TestGoldenStatements(t *testing.T) {
 	step("peek", func() { ok(money.Peek(ctx, "c")) })
 	step("grants", func() { ok(money.Grants(ctx, "c")) })
 	step("ledger", func() { ok(money.Ledger(ctx, "c", time.Time{})) })
-	step("lookup request", func() { ok(money.LookupRequest(ctx, "c", "r1")) })
 	step("reset", func() { require.NoError(t, money.Reset(ctx, "c")) })
 	step("a check in the caller's pgx transaction", func() {
 		tx, err := pool.Begin(ctx)

@@ -215,23 +215,11 @@ func pgbouncerPool(t *testing.T) *pgxpool.Pool {
 }
 
 // deleteExpired runs one cleanup of pool's schema with cfg (NewCleaner,
-// RunOnce) and returns the rows it deleted. A run that finds another
-// cleanup of the schema under way (a walk's concurrent steps) tries again
-// once that one has ended.
+// RunOnce) and returns the rows it deleted.
 func deleteExpired(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.CleanerConfig) (int64, error) {
 	c, err := pgratelimit.NewCleaner(pool, cfg)
 	if err != nil {
 		return 0, err
 	}
-	for {
-		st, err := c.RunOnce(ctx)
-		if err != nil || !st.Skipped {
-			return st.Deleted, err
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return c.RunOnce(ctx)
 }

@@ -60,7 +60,7 @@ func TestBadInputNeverReachesTheDatabase(t *testing.T) {
 		"empty":    "",
 		"NUL":      "user\x00id",
 		"UTF-8":    "\xc3\x28",
-		"too long": strings.Repeat("k", pgratelimit.MaxKeyLen+1),
+		"too long": strings.Repeat("k", 1024+1),
 	}
 	for name, key := range badKeys {
 		t.Run("key "+name, func(t *testing.T) {
@@ -110,7 +110,7 @@ func TestHostileKeysAreJustKeys(t *testing.T) {
 		"{\"json\": [1, 2]}",
 		"line\r\nX-Injected: yes",
 		"🔑 ключ 鍵",
-		strings.Repeat("k", pgratelimit.MaxKeyLen),
+		strings.Repeat("k", 1024),
 	}
 	for _, key := range keys {
 		for i := range 3 {

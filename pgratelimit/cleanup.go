@@ -13,17 +13,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// CleanupStats describes one cleanup run.
-type CleanupStats struct {
-	// Deleted is the number of rows deleted, over every table cleanup
-	// walks: buckets, grants, request IDs, leases, alert state, and the
-	// ledger rows and delivered events past their retention.
-	Deleted int64
-	// Skipped says that another instance was cleaning, so this run did
-	// nothing.
-	Skipped bool
-}
-
 // CleanerConfig configures a Cleaner.
 type CleanerConfig struct {
 	// Interval is the time between runs of Run; each wait adds up to 10% of
@@ -141,23 +130,24 @@ func (c *Cleaner) Run(ctx context.Context) error {
 }
 
 // RunOnce runs one cleanup now, as Run does at each interval, logs it (rows
-// deleted, batches, duration: Info; a failure: Warn) and returns what it did, also when it stops on an error (the rows deleted
-// before it stay deleted). When another instance holds the cleanup lock it
-// deletes nothing and reports Skipped.
-func (c *Cleaner) RunOnce(ctx context.Context) (CleanupStats, error) {
+// deleted, batches, duration: Info; a failure: Warn) and returns how many
+// rows it deleted, over every table it walks, also when it stops on an
+// error (the rows deleted before it stay deleted). When another instance
+// holds the cleanup lock it deletes nothing, returns 0 and a nil error, and
+// logs that it skipped (Info).
+func (c *Cleaner) RunOnce(ctx context.Context) (deleted int64, err error) {
 	start := time.Now()
 	run, err := cleanup.Run(ctx, c.pool, cleanup.Options{BatchSize: c.cfg.BatchSize, Clock: c.cfg.Clock,
 		StatementTimeout: c.cfg.StatementTimeout, LedgerRetention: c.cfg.LedgerRetention, EventRetention: c.cfg.EventRetention, Exclusive: true,
 		Deleted: func(ctx context.Context, n int64) { c.counter.Add(ctx, n) }})
-	st := CleanupStats{Deleted: run.Deleted, Skipped: run.Skipped}
-	attrs := []any{"deleted", st.Deleted, "batches", run.Batches, "duration", time.Since(start)}
+	attrs := []any{"deleted", run.Deleted, "batches", run.Batches, "duration", time.Since(start)}
 	switch {
 	case err != nil && !errors.Is(err, context.Canceled):
 		c.log.WarnContext(ctx, "pgratelimit: cleanup failed; retrying next interval", append(attrs, "error", err)...)
-	case st.Skipped:
-		c.log.DebugContext(ctx, "pgratelimit: cleanup skipped: another instance is cleaning", attrs...)
+	case run.Skipped:
+		c.log.InfoContext(ctx, "pgratelimit: cleanup skipped: another instance is cleaning", attrs...)
 	case err == nil:
 		c.log.InfoContext(ctx, "pgratelimit: cleanup", attrs...)
 	}
-	return st, err
+	return run.Deleted, err
 }

@@ -48,7 +48,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add("\xff", "p", int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64), int64(math.MaxInt64))
 	f.Fuzz(func(t *testing.T, key, prefix string, cost, capacity, refill, interval int64) {
 		if err := validateKey(key); err == nil {
-			if key == "" || len(key) > MaxKeyLen || strings.ContainsRune(key, 0) || !utf8.ValidString(key) {
+			if key == "" || len(key) > maxKeyLen || strings.ContainsRune(key, 0) || !utf8.ValidString(key) {
 				t.Fatalf("invalid key %q passed", key)
 			}
 		} else if !errors.Is(err, ErrInvalidKey) || !errors.Is(err, ErrInvalidArgument) {

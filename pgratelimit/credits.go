@@ -2,9 +2,7 @@ package pgratelimit
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -259,60 +257,4 @@ func checkRequestID(id string) (string, error) {
 		return "", badArg(ErrInvalidRequestID, "%s", why)
 	}
 	return id, nil
-}
-
-// RequestRecord is what the database remembers of a request ID on a key
-// (WithRequestID): the operation it named and the outcome it got.
-type RequestRecord struct {
-	// Kind is what it did: "charge" (AllowN, AllowAll, Wait), "debit",
-	// "refund" or "grant".
-	Kind string
-	// Amount is the cost, debit, refund or grant it asked for.
-	Amount int64
-	// Result is its first outcome, which a retry returns.
-	Result Result
-	// Grant is the grant it made (Kind "grant").
-	Grant Grant
-	// Settled says it was settled (Settle), at Actual, with Settlement as
-	// the settlement's outcome.
-	Settled    bool
-	Actual     int64
-	Settlement Result
-	// At is when it happened, by the check's clock; ExpiresAt when it is
-	// forgotten (Config.RequestIDRetention later): from then on the ID
-	// names a new request.
-	At, ExpiresAt time.Time
-}
-
-// LookupRequest returns what the database remembers of requestID on key's
-// bucket: the operation it named and its first outcome, its settlement, or
-// ErrUnknownRequest if it remembers none (never allowed, or past its
-// retention). It reads and writes nothing else.
-func (l *Limiter) LookupRequest(ctx context.Context, key, requestID string) (RequestRecord, error) {
-	if err := validateKey(key); err != nil {
-		return RequestRecord{}, err
-	}
-	if _, err := checkRequestID(requestID); err != nil {
-		return RequestRecord{}, err
-	}
-	var (
-		rec   account.Record
-		found bool
-	)
-	what := "look up request " + strconv.Quote(requestID) + " of " + quoteKey(key)
-	st, now, err := l.load(ctx, key, what, func(_ *account.State, now *time.Time) []engine.Stmt {
-		return engine.ReadRecord(l.row(key), requestID, l.clock.Param(), l.p.Capacity, &rec, &found, now)
-	})
-	if err != nil {
-		return RequestRecord{}, err
-	}
-	if l.client.mem != nil {
-		rec, found = st.Records[requestID]
-	}
-	if !found || !rec.Live(now) {
-		return RequestRecord{}, fmt.Errorf("%w: request %q on %s of prefix %q", ErrUnknownRequest, requestID, quoteKey(key), l.cfg.Prefix)
-	}
-	return RequestRecord{Kind: rec.Kind.String(), Amount: rec.Amount, Result: resultOf(rec.Outcome),
-		Grant: grantOf(rec.Grant), Settled: rec.Settled, Actual: rec.Actual, Settlement: resultOf(rec.Settlement),
-		At: rec.CreatedAt, ExpiresAt: rec.ExpiresAt}, nil
 }

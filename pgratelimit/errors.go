@@ -38,7 +38,7 @@ var (
 	// below match it too.
 	ErrInvalidArgument = errors.New("pgratelimit: invalid argument")
 
-	// ErrInvalidKey is returned for a key that is empty, longer than MaxKeyLen
+	// ErrInvalidKey is returned for a key that is empty, longer than 1024
 	// bytes, not valid UTF-8, or contains a NUL byte. Nothing reaches the
 	// database. It matches ErrInvalidArgument too.
 	ErrInvalidKey = errors.New("pgratelimit: invalid key")
@@ -95,7 +95,7 @@ var (
 	// ErrUnknownRequest is returned by Settle when no allowed charge or
 	// debit with that request ID is remembered for the key (it was never
 	// allowed, or its Config.RequestIDRetention has passed), and by
-	// LookupRequest when no request with that ID is.
+	// admin.LookupRequest when the database holds no request with that ID.
 	ErrUnknownRequest = account.ErrUnknownRequest
 
 	// ErrRequestMismatch is returned when a request ID is reused on a bucket
@@ -158,12 +158,10 @@ func badArg(kind error, format string, args ...any) error {
 	return &argError{kind: kind, msg: fmt.Sprintf(format, args...)}
 }
 
-// MaxKeyLen is the longest key, in bytes. A prefix (Config.Prefix,
-// SemaphoreConfig.Prefix) has at most 256, a request or lease ID at most 256.
-const MaxKeyLen = 1024
-
-// The longest prefix and request ID, in bytes.
+// The longest key (1024), prefix (256) and request or lease ID (256), in
+// bytes.
 const (
+	maxKeyLen       = engine.MaxKeyLen
 	maxPrefixLen    = engine.MaxPrefixLen
 	maxRequestIDLen = engine.MaxRequestIDLen
 )
@@ -172,7 +170,7 @@ const (
 func checkText(s string, maxLen int) string { return engine.CheckText(s, maxLen) }
 
 func validateKey(key string) error {
-	if why := checkText(key, MaxKeyLen); why != "" {
+	if why := checkText(key, maxKeyLen); why != "" {
 		return badArg(ErrInvalidKey, "key %s", why)
 	}
 	return nil

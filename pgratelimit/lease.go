@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -67,10 +66,6 @@ type SemaphoreConfig struct {
 	// checks of its Client, as a Limiter's (Config.DisableCoalescing).
 	// Defaults to false: coalescing on.
 	DisableCoalescing bool
-
-	// Logger receives the semaphore's diagnostics. Defaults to nil:
-	// discard.
-	Logger *slog.Logger
 
 	// MeterProvider receives the semaphore's OpenTelemetry metrics:
 	// pgratelimit.leases.held and pgratelimit.leases.denied. Defaults to
@@ -159,7 +154,6 @@ type Semaphore struct {
 	limit   lease.Limit
 	clock   *engine.Clock // nil: the database's
 	tx      *Tx           // the caller's transaction (In); nil: its own
-	log     *slog.Logger
 	metrics *leaseInstruments
 	wake    *waker
 	rows    *knownRows // shared with its In copies
@@ -193,16 +187,12 @@ func newSemaphore(c *Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	if c.mem != nil {
 		return nil, configError("SemaphoreConfig", "needs a database: a Client of NewMemoryClient has none")
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	s := &Semaphore{client: c, cfg: cfg, limit: lease.Limit{Max: cfg.Max, TTL: cfg.TTL}, log: log,
+	s := &Semaphore{client: c, cfg: cfg, limit: lease.Limit{Max: cfg.Max, TTL: cfg.TTL},
 		metrics: newLeaseInstruments(cfg.MeterProvider, cfg.Prefix), rows: &knownRows{}}
 	if cfg.Clock != nil {
 		s.clock = &engine.Clock{Now: cfg.Clock}
 	}
-	s.wake = newWaker(c.pool, cfg.Prefix, log)
+	s.wake = newWaker(c.pool, cfg.Prefix)
 	return s, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -119,7 +118,6 @@ func (w *waiter) sleep(ctx context.Context, d time.Duration) error {
 type waker struct {
 	pool    *pgxpool.Pool
 	channel string
-	log     *slog.Logger
 
 	mu      sync.Mutex
 	waiters map[string]map[*waiter]struct{} // by key
@@ -130,8 +128,8 @@ type waker struct {
 	never   bool                            // this pool cannot listen
 }
 
-func newWaker(pool *pgxpool.Pool, prefix string, log *slog.Logger) *waker {
-	return &waker{pool: pool, channel: sqlgen.LeaseChannel(prefix), log: log, waiters: make(map[string]map[*waiter]struct{})}
+func newWaker(pool *pgxpool.Pool, prefix string) *waker {
+	return &waker{pool: pool, channel: sqlgen.LeaseChannel(prefix), waiters: make(map[string]map[*waiter]struct{})}
 }
 
 // add registers a waiter of key, starting the listener if none runs.
@@ -215,7 +213,4 @@ func (k *waker) run() {
 		k.retryAt = time.Now().Add(listenRetry)
 	}
 	k.mu.Unlock()
-	if err != nil {
-		k.log.Debug("pgratelimit: lease release notifications unavailable; waiters poll", "channel", k.channel, "error", err)
-	}
 }

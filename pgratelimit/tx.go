@@ -35,8 +35,8 @@ func SQLTx(tx *sql.Tx) Tx {
 }
 
 // In returns l running every operation in tx, the caller's own transaction:
-// AllowN, Allow, Wait, Refund, Debit, Settle, Grant, Reset, and the reads Peek, Grants, Ledger
-// and LookupRequest. What they write is written only if tx commits, so a
+// AllowN, Allow, Wait, Refund, Debit, Settle, Grant, Reset, and the reads
+// Peek, Grants and Ledger. What they write is written only if tx commits, so a
 // service charges credits atomically with its own write (and a rollback
 // gives them back), and a purchase and its grant commit together. They send
 // the same statements as without tx, one row per statement, without BEGIN

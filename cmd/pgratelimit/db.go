@@ -212,6 +212,7 @@ func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(
 	if err != nil {
 		return nil, nil, err
 	}
+	f.db = pool
 	qctx, cancel := f.withTimeout(ctx)
 	defer cancel()
 	if cfg, err = f.storedPolicy(qctx, pool, cfg); err != nil {

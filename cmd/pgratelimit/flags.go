@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
@@ -36,7 +37,8 @@ type flags struct {
 	every       string // a calendar period, or "" for --interval
 	tz          string
 	anchor      string
-	overrides   bool // the limiter has Config.Overrides (the override commands)
+	overrides   bool          // the limiter has Config.Overrides (the override commands)
+	db          *pgxpool.Pool // the limiter's pool (limiter), for reads through package admin
 
 	// timeout bounds the command's database work (see command.timeout);
 	// connectTimeout each connection attempt, from connectFrom ("--connect-timeout"

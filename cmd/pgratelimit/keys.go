@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/admin"
 )
 
 // withLimiter runs a command that works on a limiter (runOn), check
@@ -138,10 +139,10 @@ func fullness(r pgratelimit.Result, now time.Time) string {
 
 // mismatchText says what request ID id on key names, for the error of a
 // call that named something else (ErrRequestMismatch): "a charge of 40".
-// It reads the record only then, after the error, to say what it holds
+// It reads the request only then, after the error, to say what it holds
 // ("another operation" if it cannot).
-func mismatchText(ctx context.Context, l *pgratelimit.Limiter, key, id string) (pgratelimit.RequestRecord, string) {
-	rec, err := l.LookupRequest(ctx, key, id)
+func (f *flags) mismatchText(ctx context.Context, l *pgratelimit.Limiter, key, id string) (admin.Request, string) {
+	rec, err := admin.LookupRequest(ctx, f.db, l.Config().Prefix, key, id)
 	if err != nil {
 		return rec, "another operation or amount"
 	}
@@ -173,7 +174,7 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		}
 		r, err := l.AllowN(ctx, key, *cost)
 		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
-			_, what := mismatchText(ctx, l, key, id)
+			_, what := f.mismatchText(ctx, l, key, id)
 			return 0, explainf(err, "request ID %q was used on %q for %s, not a charge of %d: nothing taken (a new charge needs a new ID)", id, key, what, *cost)
 		}
 		if err != nil {
@@ -327,7 +328,7 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 		}
 		g, err := l.Grant(ctx, key, n, until)
 		if errors.Is(err, pgratelimit.ErrRequestMismatch) {
-			_, what := mismatchText(ctx, l, key, id)
+			_, what := f.mismatchText(ctx, l, key, id)
 			return 0, explainf(err, "request ID %q was used on %q for %s, not this grant of %d: nothing granted (a repeat needs the same N and --expires, given as a time rather than a duration from now; a new grant needs a new ID)", id, key, what, n)
 		}
 		if errors.Is(err, pgratelimit.ErrGrantExpired) {
@@ -432,7 +433,7 @@ func runSettle(ctx context.Context, c *cli, args []string) int {
 		case errors.Is(err, pgratelimit.ErrUnknownRequest):
 			return 0, explainf(err, "no allowed charge with request ID %q is remembered for %q (never allowed, or past its retention): nothing to settle", id, key)
 		case errors.Is(err, pgratelimit.ErrRequestMismatch):
-			rec, what := mismatchText(ctx, l, key, id)
+			rec, what := f.mismatchText(ctx, l, key, id)
 			if rec.Settled {
 				return 0, explainf(err, "request %q of %q was settled already, at %d, not %d: a settlement is final (nothing changed)", id, key, rec.Actual, *actual)
 			}

@@ -3,7 +3,8 @@
 // quota used, levels of the balance, a denial once the balance is spent),
 // the periods within which each line fires at most once, and the engine
 // Observer that writes an event in the very transaction of the charge that
-// crosses a line.
+// crosses a line; and the delivery of those events to a handler, with the
+// reads of them, under pgratelimit/events' API.
 //
 // The pure part (lines.go, period.go) does no I/O: Spec.Crossed says which
 // lines a change of balance crosses, Period which period an instant is in.
@@ -17,4 +18,14 @@
 // limiter's own that committed) spares the read for charges that could only
 // find them fired (the denials of a spent key); the database stays the
 // authority.
+//
+// The Delivery (delivery.go) is the events consumer's machinery: it claims
+// due events with FOR UPDATE SKIP LOCKED, one batch per transaction, calls
+// the handler in a savepoint for each, marks it delivered or counts the
+// failed attempt and makes it due again after a backoff (or never, after
+// MaxAttempts), and commits. What a consumer held when it died is released
+// with its transaction, undelivered, for another to claim. Its Run is woken
+// by internal/notify's LISTEN loop and polls as the fallback. List and
+// Redeliver read and reset the events table; pgratelimit/events validates,
+// converts EventRow to its Event, and wires these together.
 package alert

@@ -62,9 +62,10 @@ func (s Storage) Statements() *sqlgen.Statements {
 	return &sqlgen.Durable
 }
 
-// MaxPrefixLen is the longest prefix, and MaxRequestIDLen the longest
-// request or lease ID, in bytes.
+// MaxKeyLen is the longest key, MaxPrefixLen the longest prefix, and
+// MaxRequestIDLen the longest request or lease ID, in bytes.
 const (
+	MaxKeyLen       = 1024
 	MaxPrefixLen    = 256
 	MaxRequestIDLen = 256
 )

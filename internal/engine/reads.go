@@ -7,7 +7,7 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
-// Reads: what Peek, Grants and LookupRequest read, as statements any
+// Reads: what Peek, Grants and Ledger read, as statements any
 // Executor runs (a pool's, or the caller's transaction), locking nothing.
 
 // ReadState returns the statements that read r's account into st (its
@@ -94,26 +94,6 @@ func readClock(clock any, now *time.Time) Stmt {
 		}
 		return rs.Err()
 	}}
-}
-
-// ReadRecord returns the statements that read the record of request id on
-// r into rec (found says there is one: live or not) and the clock into now;
-// capacity is the Limit of a record of an older release.
-func ReadRecord(r Row, id string, clock any, capacity int64, rec *account.Record, found *bool, now *time.Time) []Stmt {
-	return []Stmt{
-		readClock(clock, now),
-		{SQL: sqlgen.Requests.Get, Args: []any{r.Prefix, r.Key, id}, Scan: func(rs RowScanner) error {
-			for rs.Next() {
-				var prefix, key, rid string
-				var err error
-				if *rec, err = ScanRecord(rs, []any{&prefix, &key, &rid}, capacity); err != nil {
-					return err
-				}
-				*found = true
-			}
-			return rs.Err()
-		}},
-	}
 }
 
 // LedgerRow is a row of the ledger, as the API's LedgerEntry has it (same

@@ -30,14 +30,14 @@ var allowed = map[string][]string{
 	"internal/citus":    {"internal/engine", "internal/account", "internal/sqlgen"},
 	"internal/cleanup":  {"internal/citus", "internal/engine", "internal/account", "internal/sqlgen"},
 	"internal/lease":    {"internal/engine", "internal/account", "internal/sqlgen"},
-	"internal/alert":    {"internal/engine", "internal/account", "internal/sqlgen"},
+	"internal/alert":    {"internal/engine", "internal/notify", "internal/account", "internal/sqlgen"},
 	"internal/notify":   {"internal/sqlgen"},
 	// Above the root API (see imports): whatever the root imports.
 	"internal/middleware":                {"pgratelimit", "internal/*", "migrations"},
 	"internal/middleware/middlewaretest": {"pgratelimit", "internal/*", "migrations"},
 	// The API packages: the root orchestrates the internal packages; the
-	// events package (delivery and listing of usage alert events) sits
-	// beside it and uses its errors.
+	// events package (the consumer and listing of usage alert events) sits
+	// beside it and uses its errors, over internal/alert's delivery.
 	"pgratelimit":        {"internal/*"},
 	"pgratelimit/events": {"pgratelimit", "internal/*"},
 	// Above them: the operator's reads (admin) and the operator UI, which
@@ -52,10 +52,14 @@ var allowed = map[string][]string{
 // pgratelimit.AllowAll, so that an adapter answers exactly what a caller of
 // the library would get, and it reaches no account internals (what it
 // knows of a check, such as a limiter's window, comes through the root's
-// API). Its conformance suite adds the test databases.
+// API). Its conformance suite adds the test databases. The events package
+// validates, converts and wires: the delivery (claiming, the loop, retries,
+// LISTEN, the SQL and its rows) is internal/alert's, so it imports no
+// statements nor notify itself, only engine's checks of text and errors.
 var imports = map[string][]string{
 	"internal/middleware":                {"pgratelimit"},
 	"internal/middleware/middlewaretest": {"pgratelimit", "internal/testdb"},
+	"pgratelimit/events":                 {"pgratelimit", "internal/alert", "internal/engine"},
 }
 
 // adapters are the middleware packages, of three modules: none imports
@@ -114,7 +118,9 @@ func deps(t *testing.T, pkg string) []string {
 // TestLayers checks the imports of every internal package against allowed
 // and imports: account and sqlgen import nothing of the project, citus does
 // not import coalesce, nothing internal imports the root API but the
-// middleware core, which imports nothing internal.
+// middleware core, which imports nothing internal; internal/alert (the
+// events' delivery) imports neither API package, and the events package
+// reaches the delivery only through it.
 func TestLayers(t *testing.T) {
 	for pkg, may := range allowed {
 		for _, d := range deps(t, pkg) {

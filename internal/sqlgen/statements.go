@@ -471,7 +471,7 @@ var NotifyUnbounded = Rows{
 // actual cost), and the rest in detail, JSON.
 var Requests, Ledger = func() (req struct {
 	Read, Write Rows
-	Get         string
+	Get, List   string
 }, led struct {
 	Write Rows
 	List  string
@@ -487,6 +487,8 @@ FROM unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS x(prefix, k
 JOIN ` + r + ` q ON q.prefix = x.prefix AND q.key = x.key AND q.request_id = x.request_id`,
 	}
 	req.Get = req.Read.One
+	req.List = `SELECT ` + cols + ` FROM ` + r + `
+WHERE prefix = $1 AND key = $2 AND request_id > $3 ORDER BY request_id LIMIT $4`
 	const set = `ON CONFLICT (prefix, key, request_id) DO UPDATE SET kind = excluded.kind, cost = excluded.cost,
     remaining = excluded.remaining, granted = excluded.granted, settled = excluded.settled, detail = excluded.detail,
     created_at = excluded.created_at, expires_at = excluded.expires_at`

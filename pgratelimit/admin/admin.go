@@ -1,8 +1,9 @@
 // Package admin reads what tools show of pgratelimit's limits as data: the
 // policies that limiters record (one row per prefix and distinct policy,
 // with when a process last started running it) and the per-key overrides
-// (Limiter.SetOverride), and the stored rows of a prefix's keys (Keys) and
-// how many of them are near or at their limit (CountKeys). The CLI and the
+// (Limiter.SetOverride), the stored rows of a prefix's keys (Keys) and
+// how many of them are near or at their limit (CountKeys), and what the
+// database remembers of a key's request IDs (Requests, LookupRequest). The CLI and the
 // operator UI (package ui) read them here; an application needs it only
 // for tools of its own. It reads, and writes nothing: overrides are set and
 // cleared, and keys charged, granted and reset, through a Limiter, so that

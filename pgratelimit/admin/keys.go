@@ -70,7 +70,7 @@ func Keys(ctx context.Context, pool *pgxpool.Pool, f KeyFilter) ([]Key, error) {
 		return nil, fmt.Errorf("%w: KeyFilter.Limit must be in [0, %d], got %d", pgratelimit.ErrInvalidArgument, maxLimit, f.Limit)
 	}
 	for name, s := range map[string]string{"Match": f.Match, "AfterKey": f.AfterKey} {
-		if why := engine.CheckText(s, pgratelimit.MaxKeyLen); s != "" && why != "" {
+		if why := engine.CheckText(s, engine.MaxKeyLen); s != "" && why != "" {
 			return nil, fmt.Errorf("%w: %w: KeyFilter.%s %s", pgratelimit.ErrInvalidArgument, pgratelimit.ErrInvalidKey, name, why)
 		}
 	}
@@ -116,7 +116,7 @@ func above(m string) string {
 			return string(rs[:i+1])
 		}
 	}
-	return strings.Repeat(string(unicode.MaxRune), pgratelimit.MaxKeyLen/utf8.UTFMax+1)
+	return strings.Repeat(string(unicode.MaxRune), engine.MaxKeyLen/utf8.UTFMax+1)
 }
 
 // KeyCounts counts a prefix's stored keys (CountKeys).

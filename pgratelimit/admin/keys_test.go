@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -131,8 +132,64 @@ func TestAbove(t *testing.T) {
 		}
 	}
 	for _, m := range []string{"", top, top + top} {
-		if got := above(m); len(got) <= pgratelimit.MaxKeyLen || strings.Trim(got, top) != "" {
+		if got := above(m); len(got) <= engine.MaxKeyLen || strings.Trim(got, top) != "" {
 			t.Errorf("above(%q) = %q", m, got)
 		}
+	}
+}
+
+// Requests lists what the database remembers of a key's request IDs, in ID
+// order and by pages; LookupRequest finds one, or says ErrUnknownRequest.
+func TestRequests(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	l, err := pgratelimit.New(pool, pgratelimit.Config{Prefix: "c", Capacity: 10, Refill: 10, Interval: time.Hour, Grants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.AllowN(pgratelimit.WithRequestID(ctx, "b-charge"), "k", 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Settle(ctx, "k", "b-charge", 6); err != nil {
+		t.Fatal(err)
+	}
+	g, err := l.Grant(pgratelimit.WithRequestID(ctx, "a-grant"), "k", 5, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.AllowN(pgratelimit.WithRequestID(ctx, "c-other-key"), "other", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	rs, err := Requests(ctx, pool, RequestFilter{Prefix: "c", Key: "k"})
+	if err != nil || len(rs) != 2 {
+		t.Fatalf("%+v, %v", rs, err)
+	}
+	grant, charge := rs[0], rs[1]
+	if grant.ID != "a-grant" || grant.Kind != "grant" || grant.Amount != 5 || grant.Grant.ID != g.ID || grant.Grant.Amount != 5 ||
+		grant.Prefix != "c" || grant.Key != "k" || !grant.ExpiresAt.After(grant.At) {
+		t.Errorf("grant: %+v", grant)
+	}
+	if charge.ID != "b-charge" || charge.Kind != "charge" || charge.Amount != 4 || !charge.Result.Allowed || charge.Result.Remaining != 6 ||
+		!charge.Settled || charge.Actual != 6 || charge.Settlement.Remaining != 4 {
+		t.Errorf("charge: %+v", charge)
+	}
+	if rs, err := Requests(ctx, pool, RequestFilter{Prefix: "c", Key: "k", AfterID: "a-grant", Limit: 1}); err != nil || len(rs) != 1 || rs[0].ID != "b-charge" {
+		t.Errorf("the page after a-grant: %+v, %v", rs, err)
+	}
+	if got, err := LookupRequest(ctx, pool, "c", "k", "b-charge"); err != nil || got.Settled != charge.Settled || got.Actual != 6 || got.Result != charge.Result {
+		t.Errorf("LookupRequest: %+v, %v", got, err)
+	}
+	if _, err := LookupRequest(ctx, pool, "c", "k", "c-other-key"); !errors.Is(err, pgratelimit.ErrUnknownRequest) {
+		t.Errorf("another key's request: %v, want ErrUnknownRequest", err)
+	}
+	for _, f := range []RequestFilter{{Key: "k"}, {Prefix: "c"}, {Prefix: "c", Key: "k", Limit: -1}, {Prefix: "c", Key: "k", AfterID: "\xff"}} {
+		if _, err := Requests(ctx, pool, f); !errors.Is(err, pgratelimit.ErrInvalidArgument) {
+			t.Errorf("%+v: %v, want ErrInvalidArgument", f, err)
+		}
+	}
+	if _, err := LookupRequest(ctx, pool, "c", "k", ""); !errors.Is(err, pgratelimit.ErrInvalidRequestID) {
+		t.Errorf("no ID: %v, want ErrInvalidRequestID", err)
 	}
 }

@@ -3,14 +3,12 @@ package events
 import (
 	"context"
 	"errors"
-	"math"
 	"strings"
 	"testing"
-	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/alert"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -48,36 +46,6 @@ func TestConsumerConfig(t *testing.T) {
 	}
 }
 
-func TestDefaultBackoff(t *testing.T) {
-	for n, want := range map[int]time.Duration{0: time.Second, 1: time.Second, 2: 2 * time.Second, 5: 16 * time.Second,
-		12: 2048 * time.Second, 13: time.Hour, 1000: time.Hour, math.MaxInt: time.Hour, math.MinInt: time.Second} {
-		if got := defaultBackoff(n); got != want {
-			t.Errorf("defaultBackoff(%d) = %s, want %s", n, got, want)
-		}
-	}
-}
-
-func TestErrorText(t *testing.T) {
-	long := strings.Repeat("é", 1500) // 3000 bytes
-	for _, s := range []string{"plain", "nul \x00 byte", "bad \xff utf-8", long} {
-		got := errorText(errors.New(s))
-		if !utf8.ValidString(got) || strings.Contains(got, "\x00") || len(got) > 2000 {
-			t.Errorf("%q: %q", s[:min(len(s), 20)], got[:min(len(got), 20)])
-		}
-	}
-}
-
-// A handler's panic is its error, and the consumer goes on.
-func TestHandlerPanic(t *testing.T) {
-	c, err := NewConsumer(lazyPool(t), ConsumerConfig{Handler: func(context.Context, pgx.Tx, Event) error { panic("boom") }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.call(context.Background(), nil, Event{}); !errors.Is(err, errHandlerPanic) || !strings.Contains(err.Error(), "boom") {
-		t.Errorf("%v", err)
-	}
-}
-
 // lazyPool is a pool that never connects unless asked to (and then fails).
 func lazyPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
@@ -87,4 +55,22 @@ func lazyPool(t *testing.T) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// eventOf reads an event's line from its threshold's text, by its kind.
+func TestEventOf(t *testing.T) {
+	for _, c := range []struct {
+		row   alert.EventRow
+		frac  float64
+		level int64
+	}{
+		{alert.EventRow{Kind: "used", Threshold: "0.8"}, 0.8, 0},
+		{alert.EventRow{Kind: "below", Threshold: "-100"}, 0, -100},
+		{alert.EventRow{Kind: "exhausted"}, 0, 0},
+	} {
+		e := eventOf(c.row)
+		if string(e.Kind) != c.row.Kind || e.Fraction != c.frac || e.Level != c.level {
+			t.Errorf("%+v: %+v", c.row, e)
+		}
+	}
 }

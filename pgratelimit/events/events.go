@@ -6,17 +6,16 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgratelimit/pgratelimit/internal/alert"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
-	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -114,62 +113,34 @@ func List(ctx context.Context, pool *pgxpool.Pool, f Filter) ([]Event, error) {
 	if why := engine.CheckText(f.Prefix, engine.MaxPrefixLen); f.Prefix != "" && why != "" {
 		return nil, fmt.Errorf("%w: Filter.Prefix %s", pgratelimit.ErrInvalidArgument, why)
 	}
-	if why := engine.CheckText(f.Key, pgratelimit.MaxKeyLen); f.Key != "" && why != "" {
+	if why := engine.CheckText(f.Key, engine.MaxKeyLen); f.Key != "" && why != "" {
 		return nil, keyError("Filter.Key " + why)
 	}
-	limit, since := f.Limit, "-infinity"
-	if limit == 0 {
-		limit = 100
-	}
-	if !f.Since.IsZero() {
-		since = f.Since.UTC().Format(time.RFC3339Nano)
-	}
-	sql := sqlgen.Events.Newest
-	if f.AfterID > 0 {
-		sql = sqlgen.Events.After
-	}
-	rows, err := pool.Query(ctx, sql, f.Prefix, f.Key, since, f.AfterID, limit)
+	rows, err := alert.List(ctx, pool, alert.ListQuery{Prefix: f.Prefix, Key: f.Key, Since: f.Since, AfterID: f.AfterID,
+		Limit: cmp.Or(f.Limit, 100)})
 	if err != nil {
-		return nil, engine.DBError("list events", err)
+		return nil, err
 	}
-	evs, err := scanEvents(rows)
-	if err != nil {
-		return nil, engine.DBError("list events", err)
-	}
-	if f.AfterID <= 0 {
-		slices.Reverse(evs)
+	evs := make([]Event, len(rows))
+	for i, r := range rows {
+		evs[i] = eventOf(r)
 	}
 	return evs, nil
 }
 
-// scanEvents reads the events of rows (sqlgen's event columns) and closes
-// them.
-func scanEvents(rows pgx.Rows) ([]Event, error) {
-	defer rows.Close()
-	var evs []Event
-	for rows.Next() {
-		var (
-			e         Event
-			kind, thr string
-			delivered *time.Time
-		)
-		if err := rows.Scan(&e.ID, &kind, &e.Prefix, &e.Key, &thr, &e.Balance, &e.Remaining, &e.Capacity,
-			&e.PeriodStart, &e.PeriodEnd, &e.At, &e.RequestID, &e.Attempts, &e.LastError, &delivered); err != nil {
-			return nil, err
-		}
-		e.Kind = Kind(kind)
-		switch e.Kind {
-		case Used:
-			e.Fraction, _ = strconv.ParseFloat(thr, 64) // numeric text of a float64's shortest form
-		case Below:
-			e.Level, _ = strconv.ParseInt(thr, 10, 64)
-		}
-		if delivered != nil {
-			e.DeliveredAt = *delivered
-		}
-		evs = append(evs, e)
+// eventOf is the Event of r: its kind, and its line (Fraction or Level)
+// from the threshold's text.
+func eventOf(r alert.EventRow) Event {
+	e := Event{ID: r.ID, Kind: Kind(r.Kind), Prefix: r.Prefix, Key: r.Key, Balance: r.Balance, Remaining: r.Remaining,
+		Capacity: r.Capacity, PeriodStart: r.PeriodStart, PeriodEnd: r.PeriodEnd, At: r.At, RequestID: r.RequestID,
+		Attempts: r.Attempts, LastError: r.LastError, DeliveredAt: r.DeliveredAt}
+	switch e.Kind {
+	case Used:
+		e.Fraction, _ = strconv.ParseFloat(r.Threshold, 64) // numeric text of a float64's shortest form
+	case Below:
+		e.Level, _ = strconv.ParseInt(r.Threshold, 10, 64)
 	}
-	return evs, rows.Err()
+	return e
 }
 
 // keyError is the error of a bad key: pgratelimit.ErrInvalidKey, which
@@ -195,14 +166,9 @@ func Redeliver(ctx context.Context, pool *pgxpool.Pool, id int64) error {
 	if pool == nil {
 		return &pgratelimit.ConfigError{Field: "pool", Reason: "is nil"}
 	}
-	rows, err := pool.Query(ctx, sqlgen.Events.Redeliver, id, sqlgen.EventsChannel)
+	found, err := alert.Redeliver(ctx, pool, id)
 	if err != nil {
-		return engine.DBError("redeliver an event", err)
-	}
-	found := rows.Next()
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return engine.DBError("redeliver an event", err)
+		return err
 	}
 	if !found {
 		return fmt.Errorf("%w: ID %d", ErrNotFound, id)

@@ -36,7 +36,7 @@ type keyPage struct {
 	Paged      bool                      // not the newest entries
 
 	RequestID string
-	Record    *pgratelimit.RequestRecord
+	Record    *admin.Request
 	RecordErr string
 
 	Semaphore bool
@@ -150,7 +150,7 @@ func (h *handler) limiterPart(ctx context.Context, p *keyPage, l *pgratelimit.Li
 		}
 	}
 	if p.RequestID = first(q, "request_id"); p.RequestID != "" {
-		rec, err := l.LookupRequest(ctx, p.Key, p.RequestID)
+		rec, err := admin.LookupRequest(ctx, h.cfg.Pool, p.Prefix, p.Key, p.RequestID)
 		switch {
 		case err == nil:
 			p.Record = &rec

@@ -69,7 +69,7 @@ func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, 
 	if j.runFor == 0 {
 		j.runFor = defaultJobFor
 	}
-	sem, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: jobsPrefix, Max: jobsMax, TTL: j.ttl, Logger: log, MeterProvider: mp})
+	sem, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: jobsPrefix, Max: jobsMax, TTL: j.ttl, MeterProvider: mp})
 	if err != nil {
 		return nil, err
 	}
