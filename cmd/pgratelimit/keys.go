@@ -309,13 +309,10 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 	var until time.Time
 	check := func(pos []string) error {
 		var err error
-		n, err = strconv.ParseInt(pos[1], 10, 64)
-		switch {
-		case err != nil:
+		if n, err = strconv.ParseInt(pos[1], 10, 64); err != nil {
 			return usagef("N, the credits to grant, must be a whole number, got %q", pos[1])
-		case !f.grants():
-			return usagef("grants are kept for durable storage only (--storage durable)")
 		}
+		// (A limiter without grants, ephemeral storage: the library refuses.)
 		until, err = parseExpiry(*expires, time.Now())
 		return err
 	}

@@ -144,6 +144,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"bench", "--deny-cache", "-1"}, "--deny-cache must be >= 0, got -1"},
 		{[]string{"allow", "k", "--capacity", "0"}, "--capacity must be > 0, got 0"},
 		{[]string{"allow", "k", "--interval", "1x"}, "--interval wants a duration"},
+		{[]string{"allow", "k", "--every", "day", "--interval", "2s"}, "--interval and Calendar are both set (Interval 2s, Calendar every day)"},
+		{[]string{"grant", "k", "5", "--storage", "ephemeral"}, "whose limiter has Config.Grants off"},
 		{[]string{"allow", "k", "--storage", "floppy"}, "--storage must be durable or ephemeral"},
 		{[]string{"allow", ""}, "invalid key: key must not be empty"},
 		{[]string{"refund", "k", "x"}, `N, the tokens to give back, must be a whole number, got "x"`},
