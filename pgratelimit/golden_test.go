@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgratelimit/pgratelimit/internal/citus"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
@@ -55,7 +54,7 @@ func TestGoldenSQL(t *testing.T) {
 	dump("ephemeral", *Ephemeral.statements())
 	dump("routed shard", sqlgen.Buckets(`"public"."pgratelimit_buckets_102008"`,
 		`, (SELECT count(*) FROM pg_catalog.pg_dist_placement WHERE shardid = 102008 AND groupid = 2)`))
-	for _, s := range (citus.Coordinator{}).Set([]string{"lock_timeout", "20ms", "synchronous_commit", "off"}) {
+	for _, s := range (engine.Citus{}).Set([]string{"lock_timeout", "20ms", "synchronous_commit", "off"}) {
 		fmt.Fprintf(&b, "== citus.set\n%s\n", s.SQL)
 	}
 	fmt.Fprintf(&b, "== grants.lockOne\n%s\n== grants.lockOneSkip\n%s\n", sqlgen.Grants.LockOne, sqlgen.Grants.LockOneSkip)

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
 // benchMore ends bench's help: --leases, and where its comparison with its
@@ -27,12 +30,23 @@ func runBench(ctx context.Context, c *cli, args []string) int {
 	if _, err := f.parse(args, 0, 0); err != nil {
 		return f.fail(err)
 	}
-	if _, err := o.Config(); err != nil {
+	cfg, err := o.Config()
+	if err != nil {
 		return f.fail(err)
 	}
 	pcfg, err := f.poolConfig()
 	if err != nil {
 		return f.fail(err)
+	}
+	// The library checks the run's limiter before the run touches the
+	// database (New does not, nor does a pool before its first use).
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg.Copy())
+	if err == nil {
+		_, err = pgratelimit.New(pool, cfg)
+		pool.Close()
+	}
+	if err != nil {
+		return f.fail(configError(err))
 	}
 	rep, err := bench.Run(ctx, o, bench.Env{Pool: pcfg, Bound: f.withTimeout, Progress: c.stderr})
 	if err != nil {

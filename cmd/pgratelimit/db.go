@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -31,12 +30,17 @@ func (f *flags) withTimeout(ctx context.Context) (context.Context, context.Cance
 	if f.timeout <= 0 {
 		return ctx, func() {}
 	}
-	if f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut) {
+	if f.timedOut() {
 		return f.dbctx, func() {} // the command's --timeout has passed: what is left gives up too
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, f.timeout+f.grace, errTimedOut)
 	f.dbctx = ctx
 	return ctx, cancel
+}
+
+// timedOut says the command's --timeout has passed.
+func (f *flags) timedOut() bool {
+	return f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut)
 }
 
 // prepare gives cc the connect timeout (--connect-timeout when set on the
@@ -74,20 +78,6 @@ func (f *flags) url() (string, error) {
 		return "", usagef("the database URL is a %s:// URL: pgratelimit needs PostgreSQL, a postgres:// (or postgresql://) URL such as postgres://user:password@localhost:5432/app", scheme)
 	}
 	return u, nil
-}
-
-// connConfig parses the database URL, with the connect timeout set.
-func (f *flags) connConfig() (*pgx.ConnConfig, error) {
-	u, err := f.url()
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		return nil, fmt.Errorf("database URL: %w", err)
-	}
-	f.prepare(&cfg.Config)
-	return cfg, nil
 }
 
 // poolConfig parses the database URL as a pool's, with the connect timeout
@@ -133,14 +123,14 @@ func (f *flags) config() (pgratelimit.Config, error) {
 	if !f.hasPolicy || f.every == "" {
 		return cfg, nil
 	}
-	if f.Changed("interval") {
-		return cfg, usagef("--every and --interval do not go together: refills fall on the calendar or every interval")
-	}
 	cal, err := f.calendar()
 	if err != nil {
 		return cfg, err
 	}
-	cfg.Calendar, cfg.Interval = cal, 0
+	cfg.Calendar = cal
+	if !f.Changed("interval") { // (both given: the library refuses them)
+		cfg.Interval = 0
+	}
 	return cfg, nil
 }
 
@@ -160,6 +150,7 @@ func (f *flags) storageFlag() (pgratelimit.Storage, error) {
 var configFlags = map[string]string{
 	"Config.Prefix": "--prefix", "Config.Capacity": "--capacity", "Config.Refill": "--refill", "Config.Interval": "--interval",
 	"Config.Calendar.Every": "--every", "Config.Storage": "--storage",
+	"Config.Alerts": "--alerts", "Config.AsyncCommit": "--commit async", "Config.DenyCacheSize": "--deny-cache", // (bench's)
 	"SemaphoreConfig.Prefix": "--prefix", "SemaphoreConfig.Max": "--max", "SemaphoreConfig.TTL": "--ttl",
 	"SemaphoreConfig.Storage": "--storage", "SemaphoreConfig.MaxWait": "--timeout",
 }
@@ -247,4 +238,13 @@ func (f *flags) limiter(ctx context.Context) (l *pgratelimit.Limiter, done func(
 // printJSON prints v as a line of JSON on stdout.
 func (f *flags) printJSON(v any) {
 	_ = json.NewEncoder(f.c.stdout).Encode(v)
+}
+
+// emit prints j as a line of JSON with --json, else line.
+func (f *flags) emit(j any, line string) {
+	if f.json {
+		f.printJSON(j)
+	} else {
+		fmt.Fprintln(f.c.stdout, line)
+	}
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
+	"github.com/pgratelimit/pgratelimit/internal/notify"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
@@ -210,42 +212,27 @@ func (f *flags) followEvents(ctx context.Context, pool *pgxpool.Pool, filter eve
 
 // listenEvents sends on wake (without blocking) whenever a notification on
 // the pgratelimit_events channel says events of prefix (any, if "") were
-// written, on a connection of its own made from cfg, until ctx is done. It
-// connects again every few seconds after an error; behind PgBouncer in
-// transaction mode no notification arrives, and the poll alone finds the
-// events.
+// written, on a connection of its own made from cfg (notify.Listen), until
+// ctx is done. It connects again every few seconds after an error; behind
+// PgBouncer in transaction mode no notification arrives, and the poll alone
+// finds the events.
 func listenEvents(ctx context.Context, cfg *pgx.ConnConfig, prefix string, wake chan<- struct{}) {
-	for {
-		listenOnce(ctx, cfg, prefix, wake)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(5 * time.Second):
-		}
-	}
-}
-
-// listenOnce is one connection of listenEvents: it returns at its first
-// error.
-func listenOnce(ctx context.Context, cfg *pgx.ConnConfig, prefix string, wake chan<- struct{}) {
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{sqlgen.EventsChannel}.Sanitize()); err != nil {
-		return
-	}
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return
-		}
-		if prefix == "" || n.Payload == prefix {
+	l := notify.Listener{Channel: sqlgen.EventsChannel, Got: func(payload string) {
+		if prefix == "" || payload == prefix {
 			select {
 			case wake <- struct{}{}:
 			default:
 			}
+		}
+	}}
+	for {
+		if err := notify.Listen(ctx, cfg, l); errors.Is(err, notify.ErrPooler) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
 		}
 	}
 }
@@ -309,7 +296,7 @@ func eventLine(e events.Event) string {
 	case !e.DeliveredAt.IsZero():
 		b.WriteString("  delivered " + e.DeliveredAt.UTC().Format(eventTime))
 	case e.Attempts > 0:
-		fmt.Fprintf(&b, "  pending (%s, last error %q)", plural(int64(e.Attempts), "attempt", "attempts"), e.LastError)
+		fmt.Fprintf(&b, "  pending (%s, last error %q)", human.Plural(int64(e.Attempts), "attempt", "attempts"), e.LastError)
 	default:
 		b.WriteString("  pending")
 	}
@@ -321,8 +308,7 @@ func eventLine(e events.Event) string {
 func eventThreshold(e events.Event) string {
 	switch e.Kind {
 	case events.Used:
-		// Rounded to a millionth of a percent: 0.57*100 is 56.99999999999999.
-		return strconv.FormatFloat(math.Round(e.Fraction*1e8)/1e6, 'f', -1, 64) + "%"
+		return human.Percent(e.Fraction)
 	case events.Below:
 		return strconv.FormatInt(e.Level, 10)
 	}

@@ -21,7 +21,7 @@ import (
 func (f *flags) explain(err error) string {
 	var ue clierr.UsageError
 	var ce *pgconn.ConnectError
-	timedOut := f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut)
+	timedOut := f.timedOut()
 	switch {
 	case errors.As(err, &ue):
 		return ue.Msg

@@ -384,7 +384,7 @@ func (f *flags) errorCode(err error) string {
 	switch {
 	case errors.As(err, &ue):
 		return "usage"
-	case f.dbctx != nil && errors.Is(context.Cause(f.dbctx), errTimedOut):
+	case f.timedOut():
 		return "timeout"
 	case errors.As(err, &ce):
 		return "connect"

@@ -8,11 +8,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/admin"
 )
 
-// withLimiter runs a command that works on a limiter (runOn).
+// withLimiter runs a command that works on a limiter (runOn), check
+// reading its positional arguments first. When the database could not be
+// reached (flags.unreachable), fn runs in an ended context, so that the
+// library reports bad input (found before any database access) as it does
+// with a database, and any other outcome is the unreachable database's
+// error.
 func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check func(pos []string) error, fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) int {
 	open := func(ctx context.Context, pos []string) (*pgratelimit.Limiter, func(), error) {
 		if check != nil {
@@ -22,16 +28,7 @@ func (f *flags) withLimiter(ctx context.Context, args []string, nargs int, check
 		}
 		return f.limiter(ctx)
 	}
-	return runOn(f, ctx, args, nargs, open, f.unlessUnreachable(fn))
-}
-
-// unlessUnreachable runs fn, unless the database could not be reached
-// (flags.unreachable): then fn runs in an ended context, so that the
-// library reports bad input (found before any database access) as it does
-// with a database, and any other outcome is the unreachable database's
-// error.
-func (f *flags) unlessUnreachable(fn func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error)) func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-	return func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+	return runOn(f, ctx, args, nargs, open, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
 		if f.unreachable == nil {
 			return fn(ctx, l, pos)
 		}
@@ -41,7 +38,7 @@ func (f *flags) unlessUnreachable(fn func(ctx context.Context, l *pgratelimit.Li
 			return code, err
 		}
 		return 0, f.unreachable
-	}
+	})
 }
 
 // runOn runs a command that works on a limiter or a semaphore: it parses
@@ -129,7 +126,7 @@ func retryText(r pgratelimit.Result, now time.Time) string {
 	if r.RetryAfter == pgratelimit.InfDuration {
 		return "refills alone will never cover it (grant more)"
 	}
-	return "retry " + whenIn(r.RetryAfter, now)
+	return "retry " + human.In(r.RetryAfter, now)
 }
 
 // fullness says when a bucket is full again, counted from now.
@@ -137,14 +134,7 @@ func fullness(r pgratelimit.Result, now time.Time) string {
 	if r.Remaining >= r.Limit {
 		return "full"
 	}
-	return "full " + whenIn(r.ResetAfter, now)
-}
-
-func plural(n int64, one, many string) string {
-	if n == 1 || n == -1 {
-		return fmt.Sprintf("%d %s", n, one)
-	}
-	return fmt.Sprintf("%d %s", n, many)
+	return "full " + human.In(r.ResetAfter, now)
 }
 
 // mismatchText says what request ID id on key names, for the error of a
@@ -196,7 +186,7 @@ func runAllow(ctx context.Context, c *cli, args []string) int {
 		var line string
 		if r.Allowed {
 			line = fmt.Sprintf("allowed: took %s from %q%s: %d of %d left%s, %s",
-				plural(*cost, "token", "tokens"), key, tookText(*cost, r.FromGrants), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
+				human.Plural(*cost, "token", "tokens"), key, tookText(*cost, r.FromGrants), r.Remaining, r.Limit, grantedText(r), fullness(r, now))
 		} else {
 			line = fmt.Sprintf("denied: %q has %s, not the %d asked for (nothing taken); %s",
 				key, holding(r), *cost, retryText(r, now))
@@ -226,11 +216,7 @@ func runPeek(ctx context.Context, c *cli, args []string) int {
 		if err != nil {
 			return 0, err
 		}
-		if f.json {
-			f.printJSON(newResultJSON(key, r))
-		} else {
-			fmt.Fprintln(c.stdout, peekText(key, r, before))
-		}
+		f.emit(newResultJSON(key, r), peekText(key, r, before))
 		return exitOK, nil // peeking checks nothing, so it is never "denied"
 	})
 }
@@ -255,11 +241,11 @@ func peekText(key string, r pgratelimit.Result, now time.Time) string {
 	case r.RetryAfter == pgratelimit.InfDuration:
 		waits = append(waits, "refills alone will never cover a check of 1")
 	case r.Remaining == 0 && r.RetryAfter == r.ResetAfter: // one refill fills it
-		return s + ": full again " + whenIn(r.ResetAfter, now)
+		return s + ": full again " + human.In(r.ResetAfter, now)
 	case r.Remaining == 0:
-		waits = append(waits, "next token "+whenIn(r.RetryAfter, now))
+		waits = append(waits, "next token "+human.In(r.RetryAfter, now))
 	default:
-		waits = append(waits, "a check of 1 is allowed again "+whenIn(r.RetryAfter, now))
+		waits = append(waits, "a check of 1 is allowed again "+human.In(r.RetryAfter, now))
 	}
 	if r.Remaining < r.Limit {
 		waits = append(waits, fullness(r, now))
@@ -298,7 +284,7 @@ func runRefund(ctx context.Context, c *cli, args []string) int {
 		case r.Remaining >= r.Limit:
 			fmt.Fprintf(c.stdout, "refunded: %q is full, %d of %d tokens (a refund never fills a bucket past its capacity)\n", key, r.Remaining, r.Limit)
 		default:
-			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %s, %s\n", plural(n, "token", "tokens"), key, holding(r), fullness(r, before))
+			fmt.Fprintf(c.stdout, "refunded %s to %q: it has %s, %s\n", human.Plural(n, "token", "tokens"), key, holding(r), fullness(r, before))
 		}
 		return exitOK, nil
 	})
@@ -310,11 +296,7 @@ func runReset(ctx context.Context, c *cli, args []string) int {
 		if err := l.Reset(ctx, pos[0]); err != nil {
 			return 0, err
 		}
-		if f.json {
-			f.printJSON(map[string]any{"key": pos[0], "reset": true})
-		} else {
-			fmt.Fprintf(c.stdout, "reset: %q is full again (%d tokens)\n", pos[0], f.capacity)
-		}
+		f.emit(map[string]any{"key": pos[0], "reset": true}, fmt.Sprintf("reset: %q is full again (%d tokens)", pos[0], f.capacity))
 		return exitOK, nil
 	})
 }
@@ -327,13 +309,10 @@ func runGrant(ctx context.Context, c *cli, args []string) int {
 	var until time.Time
 	check := func(pos []string) error {
 		var err error
-		n, err = strconv.ParseInt(pos[1], 10, 64)
-		switch {
-		case err != nil:
+		if n, err = strconv.ParseInt(pos[1], 10, 64); err != nil {
 			return usagef("N, the credits to grant, must be a whole number, got %q", pos[1])
-		case !f.grants():
-			return usagef("grants are kept for durable storage only (--storage durable)")
 		}
+		// (A limiter without grants, ephemeral storage: the library refuses.)
 		until, err = parseExpiry(*expires, time.Now())
 		return err
 	}
@@ -407,7 +386,7 @@ func runBalance(ctx context.Context, c *cli, args []string) int {
 			bucket = fmt.Sprintf("a debt of %d, repaid by refills or grants; %s", -r.Remaining, bucket)
 		}
 		fmt.Fprintf(c.stdout, "%q: %d of %d tokens in the bucket (%s); %d granted in %s\n",
-			key, r.Remaining, r.Limit, bucket, r.Granted, plural(int64(len(gs)), "live grant", "live grants"))
+			key, r.Remaining, r.Limit, bucket, r.Granted, human.Plural(int64(len(gs)), "live grant", "live grants"))
 		for _, g := range gs {
 			fmt.Fprintf(c.stdout, "  grant %d: %d left, %s (granted %s)\n", g.ID, g.Amount, expiryText(g.ExpiresAt), g.GrantedAt.UTC().Format(time.RFC3339))
 		}
@@ -437,13 +416,10 @@ func runSettle(ctx context.Context, c *cli, args []string) int {
 	requestID := f.String("request-id", "", "the request ID of the estimate's check (required)")
 	actual := f.Int64("actual", 0, "the actual cost (required; 0 or more): settling again at the same cost replays the first settlement, at another is refused")
 	check := func([]string) error {
-		switch {
-		case !f.Changed("request-id"):
-			return usagef("--request-id is required: the ID the estimate was taken with (allow --request-id)")
-		case !f.Changed("actual"):
-			return usagef("--actual is required: the actual cost, 0 or more")
+		if err := f.required("request-id", "the ID the estimate was taken with (allow --request-id)"); err != nil {
+			return err
 		}
-		return nil
+		return f.required("actual", "the actual cost, 0 or more")
 	}
 	f.input("--actual", pgratelimit.ErrInvalidCost)
 	f.input("--request-id", pgratelimit.ErrInvalidRequestID)

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -24,14 +25,6 @@ Exit status: 0 acquired, extended, released or not held; 1 no free units, or
 a lease that expired (or is not held, for extend); 2 bad usage or an error.
 `
 
-// leaseOpts are the Max, TTL and MaxWait a lease command's semaphore is
-// made with.
-type leaseOpts struct {
-	max     int64
-	ttl     time.Duration
-	maxWait time.Duration
-}
-
 // withLeasePolicy adds the flags of the lease commands' semaphore: its
 // namespace and its storage.
 func (f *flags) withLeasePolicy() *flags {
@@ -40,17 +33,19 @@ func (f *flags) withLeasePolicy() *flags {
 	return f
 }
 
-// withSemaphore runs a lease command (runOn): check reads the positional
-// arguments and returns the semaphore's Max and TTL.
-func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, check func(pos []string) (leaseOpts, error),
+// withSemaphore runs a lease command (runOn) on a semaphore of the flags'
+// prefix and storage, a Max of 1 and a TTL of 1s unless check, run on the
+// positional arguments first, sets them (a release, an extension or a
+// listing does not need them: the library checks them all the same).
+func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, check func(cfg *pgratelimit.SemaphoreConfig) error,
 	fn func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error)) int {
 	open := func(ctx context.Context, pos []string) (*pgratelimit.Semaphore, func(), error) {
-		o, err := check(pos)
-		if err != nil {
-			return nil, nil, err
+		cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: 1, TTL: time.Second}
+		err := check(&cfg)
+		if err == nil {
+			cfg.Storage, err = f.storageFlag()
 		}
-		cfg := pgratelimit.SemaphoreConfig{Prefix: f.prefix, Max: o.max, TTL: o.ttl, MaxWait: o.maxWait}
-		if cfg.Storage, err = f.storageFlag(); err != nil {
+		if err != nil {
 			return nil, nil, err
 		}
 		pool, err := f.pool(ctx)
@@ -67,18 +62,21 @@ func (f *flags) withSemaphore(ctx context.Context, args []string, nargs int, che
 	return runOn(f, ctx, args, nargs, open, fn)
 }
 
-// checkMax says a --max that a command needs (required) is missing.
-func checkMax(f *flags, required bool) error {
-	if !f.Changed("max") && required {
-		return usagef("--max is required: the most units a key's live leases hold (SemaphoreConfig.Max)")
+// maxIfGiven is the check of a lease command whose --max is optional: the
+// semaphore's Max when given.
+func maxIfGiven(f *flags, max *int64) func(cfg *pgratelimit.SemaphoreConfig) error {
+	return func(cfg *pgratelimit.SemaphoreConfig) error {
+		if f.Changed("max") {
+			cfg.Max = *max
+		}
+		return nil
 	}
-	return nil
 }
 
-// checkTTL says a required --ttl is missing.
-func checkTTL(f *flags, what string) error {
-	if !f.Changed("ttl") {
-		return usagef("--ttl is required: %s, such as 30s (SemaphoreConfig.TTL)", what)
+// required says a required flag, name, is missing: why is what it gives.
+func (f *flags) required(name, why string) error {
+	if !f.Changed(name) {
+		return usagef("--%s is required: %s", name, why)
 	}
 	return nil
 }
@@ -94,7 +92,7 @@ func shownID(id string) string {
 }
 
 // units says n units: "1 unit", "3 units".
-func units(n int64) string { return plural(n, "unit", "units") }
+func units(n int64) string { return human.Plural(n, "unit", "units") }
 
 // expiresIn is how long lease l still counts, by this machine's clock (0
 // once past).
@@ -162,103 +160,80 @@ func runAcquire(ctx context.Context, c *cli, args []string) int {
 	weight := f.Int64("weight", 1, "the units the lease holds, at most --max")
 	requestID := f.String("request-id", "", "an idempotency key, which becomes the lease's ID: a repeat while the lease lives takes nothing and prints it, saying it was replayed")
 	wait := f.Bool("wait", false, "wait for free units (woken by releases) up to --timeout, instead of exiting 1 at once")
-	check := func([]string) (leaseOpts, error) {
-		if err := checkMax(f, true); err != nil {
-			return leaseOpts{}, err
+	f.input("--weight", pgratelimit.ErrInvalidCost, pgratelimit.ErrCostExceedsCapacity)
+	f.input("--request-id", pgratelimit.ErrInvalidRequestID)
+	check := func(cfg *pgratelimit.SemaphoreConfig) error {
+		if err := f.required("max", "the most units a key's live leases hold (SemaphoreConfig.Max)"); err != nil {
+			return err
 		}
-		if err := checkTTL(f, "how long a lease counts unless extended"); err != nil {
-			return leaseOpts{}, err
+		if err := f.required("ttl", "how long a lease counts unless extended, such as 30s (SemaphoreConfig.TTL)"); err != nil {
+			return err
 		}
-		o := leaseOpts{max: *max, ttl: *ttl}
-		f.input("--weight", pgratelimit.ErrInvalidCost, pgratelimit.ErrCostExceedsCapacity)
-		f.input("--request-id", pgratelimit.ErrInvalidRequestID)
+		cfg.Max, cfg.TTL = *max, *ttl
 		if *wait && f.timeout > 0 {
-			o.maxWait, f.grace = f.timeout, waitGrace
+			cfg.MaxWait, f.grace = f.timeout, waitGrace
 		}
-		return o, nil
+		return nil
 	}
-	return f.withSemaphore(ctx, args, 1, check,
-		func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
-			key, id := pos[0], *requestID
+	return f.withSemaphore(ctx, args, 1, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+		key, id := pos[0], *requestID
+		if id != "" {
+			ctx = pgratelimit.WithRequestID(ctx, id)
+		}
+		var r pgratelimit.LeaseResult
+		var err error
+		gaveUp := false // a wait (within SemaphoreConfig.MaxWait: --timeout) ended without free units: r is its last denial
+		if *wait {
+			r, err = s.Wait(ctx, key, *weight)
+			if gaveUp = errors.Is(err, pgratelimit.ErrWaitTooLong) && r.Limit > 0; gaveUp {
+				err = nil
+			}
+		} else {
+			r, err = s.Acquire(ctx, key, *weight)
+		}
+		switch {
+		case errors.Is(err, pgratelimit.ErrRequestMismatch):
+			return 0, explainf(err, "request ID %q holds a live lease of %q of another weight, not %d: nothing taken (a new lease needs a new ID)", id, key, *weight)
+		case err != nil:
+			return 0, err
+		}
+		// What it did, with the lease ID first when acquired.
+		l, now := r.Lease, time.Now()
+		left := l.ExpiresAt.Sub(l.AcquiredAt) // the TTL, by the database's clock
+		if r.Replayed {
+			left = expiresIn(l, now)
+		}
+		if f.json {
+			j := acquireJSON{Key: key, Acquired: r.Allowed, Weight: *weight, Held: r.Limit - r.Remaining, Limit: r.Limit,
+				RetryAfterMS: msOrNever(r.RetryAfter), Waited: gaveUp, RequestID: id}
+			if r.Allowed {
+				j.leaseJSON = leaseJSONOf(l, left)
+			}
 			if id != "" {
-				ctx = pgratelimit.WithRequestID(ctx, id)
+				j.Replayed = &r.Replayed
 			}
-			r, gaveUp, err := takeLease(ctx, s, key, *weight, *wait)
+			f.printJSON(j)
+		} else {
+			held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), key, l.Token, r.Limit-r.Remaining, r.Limit, human.In(left, now))
 			switch {
-			case errors.Is(err, pgratelimit.ErrRequestMismatch):
-				return 0, explainf(err, "request ID %q holds a live lease of %q of another weight, not %d: nothing taken (a new lease needs a new ID)", id, key, *weight)
-			case err != nil:
-				return 0, err
+			case r.Replayed:
+				fmt.Fprintf(c.stdout, "%s  replayed: request %q already holds this lease, acquired at %s (nothing taken now): %s\n",
+					shownID(l.ID), id, l.AcquiredAt.Local().Format(time.DateTime+" MST"), held)
+			case r.Allowed:
+				fmt.Fprintf(c.stdout, "%s  acquired %s\n", shownID(l.ID), held)
+			case gaveUp:
+				fmt.Fprintf(c.stdout, "denied: waited %s (--timeout) for %s of %q, none came free: %d of %d held (nothing taken); %s\n",
+					human.Duration(f.timeout), units(*weight), key, r.Limit-r.Remaining, r.Limit, leaseRetryText(r, now))
+			default:
+				fmt.Fprintf(c.stdout, "denied: %q has %d of %d units held, so not the %d asked for (nothing taken); %s\n",
+					key, r.Limit-r.Remaining, r.Limit, *weight, leaseRetryText(r, now))
 			}
-			a := acquisition{key: key, weight: *weight, requestID: id, r: r, gaveUp: gaveUp, waited: f.timeout}
-			a.print(f)
-			if !r.Allowed {
-				return exitDenied, nil
-			}
-			return exitOK, nil
-		})
-}
-
-// takeLease acquires a lease, or with wait waits for one (within
-// SemaphoreConfig.MaxWait: --timeout). gaveUp says a wait ended without free
-// units: r is its last denial.
-func takeLease(ctx context.Context, s *pgratelimit.Semaphore, key string, weight int64, wait bool) (r pgratelimit.LeaseResult, gaveUp bool, err error) {
-	if !wait {
-		r, err = s.Acquire(ctx, key, weight)
-		return r, false, err
-	}
-	r, err = s.Wait(ctx, key, weight)
-	if errors.Is(err, pgratelimit.ErrWaitTooLong) && r.Limit > 0 {
-		return r, true, nil
-	}
-	return r, false, err
-}
-
-// acquisition is what acquire did, to print: r, on key, for weight and
-// requestID; gaveUp says a wait of waited found no free units.
-type acquisition struct {
-	key       string
-	weight    int64
-	requestID string
-	r         pgratelimit.LeaseResult
-	gaveUp    bool
-	waited    time.Duration
-}
-
-// print prints the acquisition: with the lease ID first when acquired.
-func (a acquisition) print(f *flags) {
-	r, l, now := a.r, a.r.Lease, time.Now()
-	replayed := r.Replayed
-	left := l.ExpiresAt.Sub(l.AcquiredAt) // the TTL, by the database's clock
-	if replayed {
-		left = expiresIn(l, now)
-	}
-	if f.json {
-		j := acquireJSON{Key: a.key, Acquired: r.Allowed, Weight: a.weight, Held: r.Limit - r.Remaining, Limit: r.Limit,
-			RetryAfterMS: msOrNever(r.RetryAfter), Waited: a.gaveUp, RequestID: a.requestID}
-		if r.Allowed {
-			j.leaseJSON = leaseJSONOf(l, left)
 		}
-		if a.requestID != "" {
-			j.Replayed = &replayed
+		if !r.Allowed {
+			return exitDenied, nil
 		}
-		f.printJSON(j)
-		return
-	}
-	held := fmt.Sprintf("%s of %q (token %d): %d of %d held, expires %s", units(l.Weight), a.key, l.Token, r.Limit-r.Remaining, r.Limit, whenIn(left, now))
-	switch {
-	case replayed:
-		fmt.Fprintf(f.c.stdout, "%s  replayed: request %q already holds this lease, acquired at %s (nothing taken now): %s\n",
-			shownID(l.ID), a.requestID, l.AcquiredAt.Local().Format(time.DateTime+" MST"), held)
-	case r.Allowed:
-		fmt.Fprintf(f.c.stdout, "%s  acquired %s\n", shownID(l.ID), held)
-	case a.gaveUp:
-		fmt.Fprintf(f.c.stdout, "denied: waited %s (--timeout) for %s of %q, none came free: %d of %d held (nothing taken); %s\n",
-			human(a.waited), units(a.weight), a.key, r.Limit-r.Remaining, r.Limit, leaseRetryText(r, now))
-	default:
-		fmt.Fprintf(f.c.stdout, "denied: %q has %d of %d units held, so not the %d asked for (nothing taken); %s\n",
-			a.key, r.Limit-r.Remaining, r.Limit, a.weight, leaseRetryText(r, now))
-	}
+		return exitOK, nil
+	})
 }
 
 // leaseRetryText says when a denied acquisition may succeed: when enough
@@ -267,7 +242,7 @@ func leaseRetryText(r pgratelimit.LeaseResult, now time.Time) string {
 	if r.RetryAfter == pgratelimit.InfDuration {
 		return "expiries alone will never free enough units (the weight is more than Max)"
 	}
-	return "retry " + whenIn(r.RetryAfter, now) + ", when enough leases expire (sooner if one is released; --wait waits)"
+	return "retry " + human.In(r.RetryAfter, now) + ", when enough leases expire (sooner if one is released; --wait waits)"
 }
 
 // leaseStatusJSON is a release's or an extension's outcome for --json:
@@ -283,17 +258,10 @@ type leaseStatusJSON struct {
 func runRelease(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "release").withLeasePolicy()
 	max := f.Int64("max", 0, "the semaphore's Max: the release then wakes waiters (acquire --wait, Semaphore.Wait) only when the key was full (default: whenever it releases a lease)")
-	check := func(pos []string) (leaseOpts, error) {
-		f.input("LEASE-ID", pgratelimit.ErrInvalidRequestID)
-		// A Max of 1 makes every key with a live lease full: the release of
-		// one notifies the waiters. The TTL plays no part in a release.
-		o := leaseOpts{max: 1, ttl: time.Second}
-		if f.Changed("max") {
-			o.max = *max
-		}
-		return o, nil
-	}
-	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+	f.input("LEASE-ID", pgratelimit.ErrInvalidRequestID)
+	// A Max of 1 makes every key with a live lease full: the release of one
+	// notifies the waiters. The TTL plays no part in a release.
+	return f.withSemaphore(ctx, args, 2, maxIfGiven(f, max), func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key, id := pos[0], pos[1]
 		// Whether it was held: Release answers nil either way.
 		held, err := liveLease(ctx, s, key, id)
@@ -317,11 +285,7 @@ func runRelease(ctx context.Context, c *cli, args []string) int {
 			j.Status, j.leaseJSON = "released", leaseJSONOf(*held, 0)
 			line = fmt.Sprintf("released lease %s of %q (%s, token %d): free again", shownID(id), key, units(held.Weight), held.Token)
 		}
-		if f.json {
-			f.printJSON(j)
-		} else {
-			fmt.Fprintln(c.stdout, line)
-		}
+		f.emit(j, line)
 		return code, nil
 	})
 }
@@ -329,10 +293,10 @@ func runRelease(ctx context.Context, c *cli, args []string) int {
 func runExtend(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "extend").withLeasePolicy()
 	ttl := f.Duration("ttl", 0, "how long the lease counts from now (SemaphoreConfig.TTL: the one it was acquired with; required)")
-	check := func(pos []string) (leaseOpts, error) {
-		f.input("LEASE-ID", pgratelimit.ErrInvalidRequestID)
-		// (Max plays no part in an extension.)
-		return leaseOpts{max: 1, ttl: *ttl}, checkTTL(f, "how long the lease counts from now")
+	f.input("LEASE-ID", pgratelimit.ErrInvalidRequestID)
+	check := func(cfg *pgratelimit.SemaphoreConfig) error {
+		cfg.TTL = *ttl // (Max plays no part in an extension)
+		return f.required("ttl", "how long the lease counts from now, such as 30s (SemaphoreConfig.TTL)")
 	}
 	return f.withSemaphore(ctx, args, 2, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key, id := pos[0], pos[1]
@@ -352,13 +316,9 @@ func runExtend(ctx context.Context, c *cli, args []string) int {
 		default:
 			now := time.Now()
 			j.Status, j.leaseJSON, code = "extended", leaseJSONOf(l, expiresIn(l, now)), exitOK
-			line = fmt.Sprintf("extended lease %s of %q (%s, token %d): expires %s", shownID(id), key, units(l.Weight), l.Token, whenIn(expiresIn(l, now), now))
+			line = fmt.Sprintf("extended lease %s of %q (%s, token %d): expires %s", shownID(id), key, units(l.Weight), l.Token, human.In(expiresIn(l, now), now))
 		}
-		if f.json {
-			f.printJSON(j)
-		} else {
-			fmt.Fprintln(c.stdout, line)
-		}
+		f.emit(j, line)
 		return code, nil
 	})
 }
@@ -376,14 +336,7 @@ type leasesJSON struct {
 func runLeases(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "leases").withLeasePolicy()
 	max := f.Int64("max", 0, "the semaphore's Max, to show the units held of it")
-	check := func([]string) (leaseOpts, error) {
-		o := leaseOpts{max: 1, ttl: time.Second} // (listing reads the leases as they are)
-		if f.Changed("max") {
-			o.max = *max // (checked by the library all the same)
-		}
-		return o, nil
-	}
-	return f.withSemaphore(ctx, args, 1, check, func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
+	return f.withSemaphore(ctx, args, 1, maxIfGiven(f, max), func(ctx context.Context, s *pgratelimit.Semaphore, pos []string) (int, error) {
 		key := pos[0]
 		ls, err := s.Leases(ctx, key)
 		if err != nil {
@@ -407,10 +360,10 @@ func runLeases(ctx context.Context, c *cli, args []string) int {
 		if *max > 0 {
 			of = fmt.Sprintf(" of %d", *max)
 		}
-		fmt.Fprintf(c.stdout, "%q: %s holding %s%s (prefix %q), oldest first:\n", key, plural(int64(len(ls)), "live lease", "live leases"), units(j.Held), of, f.prefix)
+		fmt.Fprintf(c.stdout, "%q: %s holding %s%s (prefix %q), oldest first:\n", key, human.Plural(int64(len(ls)), "live lease", "live leases"), units(j.Held), of, f.prefix)
 		for _, l := range ls {
 			fmt.Fprintf(c.stdout, "  %s  weight %d  token %d  acquired %s  expires %s\n",
-				shownID(l.ID), l.Weight, l.Token, l.AcquiredAt.UTC().Format(eventTime), whenIn(expiresIn(l, now), now))
+				shownID(l.ID), l.Weight, l.Token, l.AcquiredAt.UTC().Format(eventTime), human.In(expiresIn(l, now), now))
 		}
 		return exitOK, nil
 	})

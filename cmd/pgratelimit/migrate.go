@@ -9,14 +9,14 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -60,11 +60,12 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	if action != "up" && action != "down" && action != "status" && action != "distribute" {
 		return f.fail(usagef("unknown action %q: want up, down, status or distribute", action))
 	}
-	cfg, err := f.connConfig()
+	pool, err := f.pool(ctx)
 	if err != nil {
 		return f.fail(err)
 	}
-	db := stdlib.OpenDB(*cfg)
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	sctx, cancel := f.withTimeout(ctx)
 	before, err := migrationStatus(sctx, db)
@@ -79,16 +80,23 @@ func runMigrate(ctx context.Context, c *cli, args []string) int {
 	}
 	ctx, cancel = f.withTimeout(ctx) // (after the question, which may take a while)
 	defer cancel()
-	if action == "distribute" {
-		return f.distribute(ctx, db)
-	}
 	// What up or down did, in words: to stdout, or with --json (whose
 	// stdout is the status) to stderr.
 	say := c.stdout
 	if f.json {
 		say = c.stderr
 	}
-	if err := migrate(ctx, db, action, before, say); err != nil {
+	switch {
+	case action == "distribute":
+		return f.distribute(ctx, db)
+	case action == "up":
+		err = migrations.Up(ctx, db)
+	case action == "down" && slices.ContainsFunc(before, func(r migrationRow) bool { return r.Applied }):
+		err = migrations.Down(ctx, db)
+	case action == "down":
+		fmt.Fprintln(say, "nothing to roll back: no migration is applied")
+	}
+	if err != nil {
 		return f.fail(err)
 	}
 	after, err := migrationStatus(ctx, db)
@@ -152,27 +160,11 @@ func (f *flags) distribute(ctx context.Context, db *sql.DB) int {
 		}
 		return f.fail(err)
 	}
-	fmt.Fprintf(f.c.stdout, "distributed by key: %s\n", strings.Join(tables.Distributed, ", "))
-	fmt.Fprintf(f.c.stdout, "on the coordinator: %s (usage alerts: consumers claim events across keys)\n", strings.Join(tables.Coordinator, ", "))
+	fmt.Fprintf(f.c.stdout, "distributed by key: %s\n", strings.Join([]string{sqlgen.DurableTable, sqlgen.EphemeralTable,
+		sqlgen.GrantsTable, sqlgen.RequestsTable, sqlgen.LedgerTable, sqlgen.OverridesTable}, ", "))
+	fmt.Fprintf(f.c.stdout, "on the coordinator: %s (usage alerts: consumers claim events across keys; policies: written once per process)\n",
+		strings.Join([]string{sqlgen.AlertStateTable, sqlgen.EventsTable, sqlgen.PoliciesTable}, ", "))
 	return exitOK
-}
-
-// migrate applies every pending migration (up) or rolls the last one back
-// (down: nothing, said on say, when none is applied); status changes
-// nothing.
-func migrate(ctx context.Context, db *sql.DB, action string, before []migrationRow, say io.Writer) error {
-	switch action {
-	case "up":
-		return migrations.Up(ctx, db)
-	case "down":
-		for _, r := range before {
-			if r.Applied {
-				return migrations.Down(ctx, db)
-			}
-		}
-		fmt.Fprintln(say, "nothing to roll back: no migration is applied")
-	}
-	return nil
 }
 
 // lostOnRollback says, by version, what rolling a migration back throws
@@ -216,7 +208,9 @@ func sayChanges(say io.Writer, action string, before, after []migrationRow) {
 // every --every until interrupted, with a Cleaner (so a run skips while an
 // application's Cleaner holds the schema's cleanup lock). Its count is over
 // every table (expired leases included): the library does not count them
-// by table.
+// by table. With --every it is Cleaner.Run's loop, with --timeout on each
+// run: a run every D (plus up to a tenth of it, at random), said by the
+// Cleaner's log on stderr (and with --json, a line per run on stdout).
 func runCleanup(ctx context.Context, c *cli, args []string) int {
 	f := newFlags(c, "cleanup")
 	every := f.Duration("every", 0, "run every D until interrupted (default: once)")
@@ -229,37 +223,11 @@ func runCleanup(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	defer pool.Close()
+	cfg := pgratelimit.CleanerConfig{Interval: *every, BatchSize: *batch}
 	if *every > 0 {
-		return f.cleanEvery(ctx, pool, *every, *batch)
+		cfg.Logger = slog.New(slog.NewTextHandler(c.stderr, nil))
 	}
-	ctx, cancel := f.withTimeout(ctx)
-	defer cancel()
-	cl, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: *batch})
-	if err != nil {
-		return f.fail(err)
-	}
-	start := time.Now()
-	n, err := cl.RunOnce(ctx)
-	took := time.Since(start)
-	switch {
-	case err != nil:
-		return f.fail(err)
-	case f.json:
-		f.printJSON(map[string]any{"deleted": n, "ms": took.Milliseconds()})
-	default:
-		fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", n, took.Round(time.Millisecond))
-	}
-	return exitOK
-}
-
-// cleanEvery is Cleaner.Run's loop, with --timeout on each run: a run every
-// every (plus up to a tenth of it, at random) until ctx is done.
-func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.Duration, batch int) int {
-	cl, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{
-		Interval:  every,
-		BatchSize: batch,
-		Logger:    slog.New(slog.NewTextHandler(f.c.stderr, nil)),
-	})
+	cl, err := pgratelimit.NewCleaner(pool, cfg)
 	if err != nil {
 		return f.fail(err)
 	}
@@ -268,17 +236,27 @@ func (f *flags) cleanEvery(ctx context.Context, pool *pgxpool.Pool, every time.D
 		start := time.Now()
 		n, err := cl.RunOnce(rctx)
 		cancel()
-		if ctx.Err() != nil {
+		took := time.Since(start)
+		switch {
+		case *every > 0 && ctx.Err() != nil:
+			return exitOK
+		case *every > 0:
+			if f.json && err == nil {
+				f.printJSON(map[string]any{"deleted": n, "ms": took.Milliseconds()})
+			}
+		case err != nil:
+			return f.fail(err)
+		case f.json:
+			f.printJSON(map[string]any{"deleted": n, "ms": took.Milliseconds()})
+			return exitOK
+		default:
+			fmt.Fprintf(c.stdout, "deleted %d expired rows in %s\n", n, took.Round(time.Millisecond))
 			return exitOK
 		}
-		if f.json && err == nil {
-			f.printJSON(map[string]any{"deleted": n, "ms": time.Since(start).Milliseconds()})
-		}
-		jitter := time.Duration(mrand.Int64N(int64(every)/10 + 1))
 		select {
 		case <-ctx.Done():
 			return exitOK
-		case <-time.After(every + jitter):
+		case <-time.After(*every + time.Duration(mrand.Int64N(int64(*every)/10+1))):
 		}
 	}
 }

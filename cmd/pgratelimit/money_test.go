@@ -152,18 +152,6 @@ func TestLedgerKinds(t *testing.T) {
 	require.Equal(t, int64(0), *entries[5].GrantsAmount)
 }
 
-// whenIn gives the moment too from a day up, in now's zone, to the minute
-// (rounded up).
-func TestWhenIn(t *testing.T) {
-	now := time.Date(2026, 11, 25, 9, 55, 30, 0, time.UTC)
-	require.Equal(t, "in 4.307s", whenIn(4307*time.Millisecond, now))
-	require.Equal(t, "in 23h 59m", whenIn(23*time.Hour+58*time.Minute+1*time.Second, now))
-	require.Equal(t, "in 5d 14h (2026-11-30 23:26 UTC)", whenIn(5*day+13*time.Hour+30*time.Minute, now))
-	berlin, err := time.LoadLocation("Europe/Berlin")
-	require.NoError(t, err)
-	require.Equal(t, "in 1d 12h (2026-11-26 22:56 CET)", whenIn(36*time.Hour, now.In(berlin)))
-}
-
 func TestLedgerLine(t *testing.T) {
 	at := time.Date(2026, 11, 25, 9, 58, 3, 123456000, time.UTC)
 	require.Equal(t, `2026-11-25T09:58:03.123456Z  charge  -50 (grants -30)  balance 70 (granted 70)  request "call-1"`,

@@ -205,7 +205,8 @@ func runOverrideSet(ctx context.Context, f *flags, args []string) int {
 		return nil
 	}
 	f.input("--capacity, --refill, --until or --note", pgratelimit.ErrInvalidArgument)
-	return f.withOverrideLimiter(ctx, args, check, func(ctx context.Context, l *pgratelimit.Limiter, key string) (int, error) {
+	return f.withLimiter(ctx, args, 1, check, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
 		r, err := l.SetOverride(ctx, key, o)
 		if err != nil {
 			return 0, err
@@ -227,35 +228,16 @@ func runOverrideSet(ctx context.Context, f *flags, args []string) int {
 func runOverrideClear(ctx context.Context, f *flags, args []string) int {
 	f.withPolicy()
 	f.overrides = true
-	return f.withOverrideLimiter(ctx, args, nil, func(ctx context.Context, l *pgratelimit.Limiter, key string) (int, error) {
+	return f.withLimiter(ctx, args, 1, nil, func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
+		key := pos[0]
 		r, err := l.ClearOverride(ctx, key)
 		if err != nil {
 			return 0, err
 		}
-		if f.json {
-			f.printJSON(overrideJSON{Prefix: l.Config().Prefix, Key: key, Cleared: true, Bucket: ptr(newResultJSON(key, r))})
-		} else {
-			fmt.Fprintf(f.c.stdout, "override cleared on %q of prefix %q (if it had one): under the limiter's policy from its next check, it has %s\n",
-				key, l.Config().Prefix, holding(r))
-		}
+		f.emit(overrideJSON{Prefix: l.Config().Prefix, Key: key, Cleared: true, Bucket: ptr(newResultJSON(key, r))},
+			fmt.Sprintf("override cleared on %q of prefix %q (if it had one): under the limiter's policy from its next check, it has %s", key, l.Config().Prefix, holding(r)))
 		return exitOK, nil
 	})
-}
-
-// withOverrideLimiter runs set or clear on KEY with a limiter that has
-// Config.Overrides.
-func (f *flags) withOverrideLimiter(ctx context.Context, args []string, check func(pos []string) error, fn func(ctx context.Context, l *pgratelimit.Limiter, key string) (int, error)) int {
-	open := func(ctx context.Context, pos []string) (*pgratelimit.Limiter, func(), error) {
-		if check != nil {
-			if err := check(pos); err != nil {
-				return nil, nil, err
-			}
-		}
-		return f.limiter(ctx)
-	}
-	return runOn(f, ctx, args, 1, open, f.unlessUnreachable(func(ctx context.Context, l *pgratelimit.Limiter, pos []string) (int, error) {
-		return fn(ctx, l, pos[0])
-	}))
 }
 
 func runOverrideList(ctx context.Context, f *flags, args []string) int {

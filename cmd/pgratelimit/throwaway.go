@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql's driver "pgx"
 
@@ -50,9 +49,7 @@ func runDB(ctx context.Context, c *cli, args []string) int {
 		return f.fail(err)
 	}
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := db.Close(cctx); err != nil {
+		if err := db.Close(ctx); err != nil {
 			fmt.Fprintf(c.stderr, "pgratelimit db: stopping the throwaway PostgreSQL (its data is in %s): %v\n", db.DataDir, err)
 			return
 		}

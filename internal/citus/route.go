@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pgratelimit/pgratelimit/internal/account"
 )
 
 // Routing on Citus: a statement on a distributed table sent to the
@@ -114,13 +113,13 @@ func (r *Router) Route(q *engine.Request) (*Node, engine.Dialect) {
 	if time.Since(rt.loadedAt) > routeRefresh {
 		r.Refresh()
 	}
-	if q.Kind != account.OpCharge || q.ID != "" {
+	if !q.BucketsOnly() {
 		return nil, nil
 	}
 	var at string
 	for _, c := range q.Charges {
 		m := rt.tables[c.Row.Storage]
-		if m == nil || c.Policy.Grants || c.Policy.Ledger || c.Overrides || c.Part != nil || c.Observer != nil {
+		if m == nil {
 			return nil, nil
 		}
 		id, n, ok := m.shardOf(c.Row.Key)
@@ -129,7 +128,7 @@ func (r *Router) Route(q *engine.Request) (*Node, engine.Dialect) {
 		}
 		at = n
 	}
-	return rt.nodes[at], onShards{rt}
+	return rt.nodes[at], engine.OnShards{Map: rt}
 }
 
 // Refresh reads the shard map again in the background, unless a reading is
@@ -313,110 +312,22 @@ func (r *Router) Close() {
 
 var errClosed = errors.New("pgratelimit: router closed")
 
-// onShards is the dialect of a transaction routed to a Citus node: plain
-// PostgreSQL's, on the tables of the shards that hold its rows (see Router).
-// Comparable: the batches of one reading of the map share it.
-type onShards struct{ rt *routes }
-
-// Name is "citus".
-func (onShards) Name() string { return "citus" }
-
-// Shape is one row per statement, on each row's shard table.
-func (d onShards) Shape(int, bool) engine.Shape { return shardRows(d) }
-
-// Set is plain PostgreSQL's.
-func (onShards) Set(pairs []string) []engine.Stmt { return engine.Postgres{}.Set(pairs) }
-
-// OneRowBatches: a batch holds any rows of the node's shards.
-func (onShards) OneRowBatches() bool { return false }
-
-// shardRows is OneRow on each row's shard table, after the guard that keeps
-// the shards on the node.
-type shardRows struct{ rt *routes }
-
-// table returns the statements of the shard table that holds r.
-func (d shardRows) table(s engine.Storage, r engine.Row) *sqlgen.Table {
-	id, _, _ := d.rt.tables[s].shardOf(r.Key)
-	return &d.rt.stmts[id].One
+// Table returns the statements of the shard table that holds r: the
+// engine's ShardMap.
+func (rt *routes) Table(s engine.Storage, r engine.Row) *sqlgen.Table {
+	id, _, _ := rt.tables[s].shardOf(r.Key)
+	return &rt.stmts[id].One
 }
 
-// Insert: the attempt's first row's insert, the first statement to touch a
-// shard, takes the guard's locks first (see Guard).
-func (d shardRows) Insert(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
-	return perRow(rows, func(r engine.Row) engine.Stmt {
-		ts := d.table(s, r)
-		if r == a.Rows()[0] {
-			return engine.Stmt{SQL: ts.GuardedInsert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam(), d.shards(a)}}
-		}
-		return engine.Stmt{SQL: ts.Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
-	})
-}
-
-// Lock locks each row on its shard, and reads whether the node still holds
-// the shard.
-func (d shardRows) Lock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
-	scan := a.ScanRows(s, false, true)
-	return perRow(rows, func(r engine.Row) engine.Stmt {
-		return engine.Stmt{SQL: a.LockSQL(d.table(s, r), s), Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan}
-	})
-}
-
-// Relock upserts and locks each row a cleanup deleted, on its shard.
-func (d shardRows) Relock(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
-	scan := a.ScanRows(s, false, true)
-	return perRow(rows, func(r engine.Row) engine.Stmt {
-		return engine.Stmt{SQL: a.RelockSQL(d.table(s, r), s), Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan}
-	})
-}
-
-// Update writes each row on its shard.
-func (d shardRows) Update(s engine.Storage, rows []engine.Row, a *engine.Attempt) []engine.Stmt {
-	return perRow(rows, func(r engine.Row) engine.Stmt {
-		return engine.Stmt{SQL: d.table(s, r).Update, Args: a.UpdateArgs(r)}
-	})
-}
-
-// Values is OneRow's (routed transactions write buckets only).
-func (shardRows) Values(sql sqlgen.Rows, rows [][]any, scan func(engine.RowScanner) error) []engine.Stmt {
-	return engine.OneRow{}.Values(sql, rows, scan)
-}
-
-// Settings: none.
-func (shardRows) Settings() []string { return nil }
-
-// Clock: the locks read it.
-func (shardRows) Clock(*engine.Attempt) []engine.Stmt { return nil }
-
-// Guard takes the shards' metadata locks (ShareLock, 5: what Citus's
-// executor takes before it writes to a shard, and a shard move waits for):
-// in the first insert (Insert), or, in an attempt that inserts nothing, in
-// a statement of its own. Whether this node still holds each shard is read
-// after it, with each row (the lock and relock statements' last column,
-// see engine.Attempt.ScanRows): a row of a shard that moved fails the
-// transaction before anything is decided.
-func (d shardRows) Guard(a *engine.Attempt) []engine.Stmt {
-	if a.Mode() != engine.SkipLockedNoInsert {
-		return nil
-	}
-	return []engine.Stmt{{SQL: sqlgen.LockShards, Args: []any{d.shards(a)}}}
-}
-
-// shards is the array of the attempt's rows' shards, sorted.
-func (d shardRows) shards(a *engine.Attempt) string {
+// Shards returns the IDs of the shards that hold rows, sorted, as an array
+// parameter: the engine's ShardMap.
+func (rt *routes) Shards(rows []engine.Row) string {
 	var ids []int64
-	for _, r := range a.Rows() {
-		id, _, _ := d.rt.tables[r.Storage].shardOf(r.Key)
+	for _, r := range rows {
+		id, _, _ := rt.tables[r.Storage].shardOf(r.Key)
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	return sqlgen.Int64Array(len(ids), func(i int) int64 { return ids[i] })
-}
-
-func perRow(rows []engine.Row, f func(r engine.Row) engine.Stmt) []engine.Stmt {
-	stmts := make([]engine.Stmt, len(rows))
-	for i, r := range rows {
-		stmts[i] = f(r)
-	}
-	return stmts
 }

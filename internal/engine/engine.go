@@ -171,6 +171,22 @@ type Outcome struct {
 	Replayed bool
 }
 
+// BucketsOnly says q reads and writes bucket rows alone: a charge without
+// a request ID whose charges have no grants, ledger, overrides, lease part
+// or observer, all of which live in tables of their own. Only such a
+// request can run on the Citus node of its rows' shards (OnShards).
+func (q *Request) BucketsOnly() bool {
+	if q.Kind != account.OpCharge || q.ID != "" {
+		return false
+	}
+	for _, c := range q.Charges {
+		if c.Policy.Grants || c.Policy.Ledger || c.Overrides || c.Part != nil || c.Observer != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // Rows returns the request's distinct rows.
 func (q *Request) Rows() []Row {
 	rs := make([]Row, len(q.Charges))

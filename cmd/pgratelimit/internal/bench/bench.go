@@ -102,7 +102,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 }
 
 // Config checks the options and returns the limiter Config of the run; its
-// errors are clierr.UsageErrors that name the flags.
+// errors are clierr.UsageErrors that name the flags. The Config itself is
+// the library's to check (pgratelimit.New): its policy, and what it refuses
+// together (--alerts on ephemeral storage, --commit async with --grants or
+// --ledger). A request ID on an AsyncCommit limiter is refused at each call
+// (ErrInvalidArgument), so Config refuses --commit async with --request-ids.
 func (o Options) Config() (pgratelimit.Config, error) {
 	var cfg pgratelimit.Config
 	switch {
@@ -124,36 +128,18 @@ func (o Options) Config() (pgratelimit.Config, error) {
 		return cfg, clierr.Usagef("--storage must be durable or ephemeral, got %q", o.Storage)
 	}
 	switch {
-	case o.Grants < 0 || o.DenyCache < 0:
-		return cfg, clierr.Usagef("--grants and --deny-cache must be at least 0")
+	case o.Grants < 0:
+		return cfg, clierr.Usagef("--grants must be at least 0")
 	case o.Prefill != 0 && o.Prefill < o.Keys:
 		return cfg, clierr.Usagef("--prefill must be 0 or at least --keys (%d), got %d", o.Keys, o.Prefill)
 	case o.Overrides < 0 || o.Overrides > 1:
 		return cfg, clierr.Usagef("--overrides is a fraction of the keys, from 0 to 1, got %g", o.Overrides)
-	case o.Alerts && cfg.Storage != pgratelimit.Durable:
-		return cfg, clierr.Usagef("--alerts needs --storage durable: alert state and events are kept in logged tables, beside the balances they watch")
+	case o.Commit == "async" && o.RequestIDs:
+		return cfg, clierr.Usagef("--commit async does not go with --request-ids: an exactly-once charge must survive a crash, so it commits synchronously (drop --request-ids, or use --commit sync)")
 	}
 	if o.Leases {
 		if err := o.checkLeases(); err != nil {
 			return cfg, err
-		}
-	}
-	if o.Commit == "async" {
-		// The library refuses AsyncCommit with money: credits, their ledger
-		// and exactly-once charges must survive a crash.
-		var money []string
-		if o.Grants > 0 {
-			money = append(money, "--grants")
-		}
-		if o.Ledger {
-			money = append(money, "--ledger")
-		}
-		if o.RequestIDs {
-			money = append(money, "--request-ids")
-		}
-		if len(money) > 0 {
-			return cfg, clierr.Usagef("--commit async does not go with %s: credits, their ledger and exactly-once charges must survive a crash, so they commit synchronously (drop %s, or use --commit sync)",
-				strings.Join(money, ", "), strings.Join(money, ", "))
 		}
 	}
 	cfg.Prefix, cfg.Capacity, cfg.Refill, cfg.Interval = "bench", o.Capacity, o.Refill, o.Interval
@@ -172,20 +158,9 @@ func (o Options) Config() (pgratelimit.Config, error) {
 // checkLeases refuses, with --leases, the flags of checks, and a lease
 // that could never be acquired.
 func (o Options) checkLeases() error {
-	var checks []string
-	for _, c := range []struct {
-		set  bool
-		flag string
-	}{
-		{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval, "--capacity, --refill, --interval"},
-		{o.Limits != 1, "--limits"}, {o.Grants > 0, "--grants"}, {o.DenyCache > 0, "--deny-cache"}, {o.Ledger, "--ledger"},
-		{o.Alerts, "--alerts"}, {o.Commit != "sync", "--commit async"}, {o.Hold, "--hold"}, {o.Prefill > 0, "--prefill"},
-		{o.Overrides > 0, "--overrides"},
-	} {
-		if c.set {
-			checks = append(checks, c.flag)
-		}
-	}
+	checks := setFlags([]bool{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval,
+		o.Limits != 1, o.Grants > 0, o.DenyCache > 0, o.Ledger, o.Alerts, o.Commit != "sync", o.Hold, o.Prefill > 0, o.Overrides > 0},
+		"--capacity, --refill, --interval", "--limits", "--grants", "--deny-cache", "--ledger", "--alerts", "--commit async", "--hold", "--prefill", "--overrides")
 	switch {
 	case len(checks) > 0:
 		return clierr.Usagef("--leases does not go with %s: they set up checks of buckets, and a run with --leases makes none (its limit is --lease-max)", strings.Join(checks, ", "))
@@ -195,6 +170,17 @@ func (o Options) checkLeases() error {
 		return clierr.Usagef("--cost %d, the weight of each lease, is more than --lease-max %d: no lease could be acquired", o.Cost, o.LeaseMax)
 	}
 	return nil
+}
+
+// setFlags returns the flags (or names) whose set is true, in their order.
+func setFlags(set []bool, flags ...string) []string {
+	var out []string
+	for i, f := range flags {
+		if set[i] {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // SemaphoreConfig is the Semaphore of a run with --leases: --lease-max
@@ -219,33 +205,7 @@ func (o Options) conns() int {
 // contender names the run in its report: ours-MODE-STORAGE and what else
 // it does (-alerts: --alerts; -async: --commit async; -leases: --leases).
 func (o Options) contender() string {
-	name := "ours-" + o.Mode + "-" + o.Storage
-	if o.Leases {
-		name += "-leases"
-	}
-	if o.Limits == 2 {
-		name += "-2limits"
-	}
-	if o.Grants > 0 {
-		name += "-grants"
-	}
-	if o.DenyCache > 0 {
-		name += "-denycache"
-	}
-	if o.Ledger {
-		name += "-ledger"
-	}
-	if o.RequestIDs {
-		name += "-requestids"
-	}
-	if o.Alerts {
-		name += "-alerts"
-	}
-	if o.Overrides > 0 {
-		name += "-overrides"
-	}
-	if o.Commit == "async" {
-		name += "-async"
-	}
-	return name
+	return "ours-" + o.Mode + "-" + o.Storage + strings.Join(setFlags(
+		[]bool{o.Leases, o.Limits == 2, o.Grants > 0, o.DenyCache > 0, o.Ledger, o.RequestIDs, o.Alerts, o.Overrides > 0, o.Commit == "async"},
+		"-leases", "-2limits", "-grants", "-denycache", "-ledger", "-requestids", "-alerts", "-overrides", "-async"), "")
 }

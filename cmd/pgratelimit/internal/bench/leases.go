@@ -3,12 +3,10 @@ package bench
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -39,7 +37,7 @@ func (a *leaseAudit) answer(k int, weight int64, r pgratelimit.LeaseResult) {
 	case r.Allowed && r.Limit-r.Remaining > a.max:
 		a.fail("an acquisition of %s left %d units held, more than --lease-max %d", keyName(k), r.Limit-r.Remaining, a.max)
 	case !r.Allowed && r.Limit-r.Remaining+weight <= a.max:
-		a.fail("an acquisition of %s of %s was denied with %d of %d held", plural(weight, "unit", "units"), keyName(k), r.Limit-r.Remaining, a.max)
+		a.fail("an acquisition of %s of %s was denied with %d of %d held", human.Plural(weight, "unit", "units"), keyName(k), r.Limit-r.Remaining, a.max)
 	}
 }
 
@@ -59,28 +57,18 @@ func (a *leaseAudit) verdict() string {
 	return "ok"
 }
 
-// newLeaseChecker is the checker of a run with --leases: a check acquires a
+// leases makes the checker of a run with --leases: a check acquires a
 // lease of cost units of its key and, when acquired, releases it at once
 // (past the run's end, if need be); with --request-ids, a request ID per
-// acquisition names its lease. The semaphore runs on a client of its own,
-// with --coalesce-conns and --no-routing.
-func newLeaseChecker(ctx context.Context, pool *pgxpool.Pool, o Options) (*checker, error) {
-	client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: o.CoalesceConns, DisableRouting: o.NoRouting})
-	if err != nil {
-		return nil, err
-	}
+// acquisition names its lease.
+func (ch *checker) leases(client *pgratelimit.Client, o Options) error {
 	s, err := client.NewSemaphore(o.SemaphoreConfig())
 	if err != nil {
-		client.Close(ctx)
-		return nil, err
+		return err
 	}
 	audit := &leaseAudit{max: o.LeaseMax, held: make([]atomic.Int64, o.Keys)}
-	var ids atomic.Int64
-	ch := &checker{audit: audit.verdict, close: func(ctx context.Context) { client.Close(ctx) }}
+	ch.audit = audit.verdict
 	ch.check = func(ctx context.Context, k int, weight int64) (bool, error) {
-		if o.RequestIDs {
-			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ids.Add(1), 10))
-		}
 		key := keyName(k)
 		r, err := s.Acquire(ctx, key, weight)
 		if err != nil {
@@ -98,5 +86,5 @@ func newLeaseChecker(ctx context.Context, pool *pgxpool.Pool, o Options) (*check
 		}
 		return true, nil
 	}
-	return ch, nil
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 // load is the run's workers' tally.
 type load struct {
 	allowed, denied, errs atomic.Int64
+	ids                   atomic.Int64 // the last request ID given (--request-ids)
 	firstErr              atomic.Value // the first error's text
 	// lat holds each worker's latencies of the checks that returned.
 	lat [][]time.Duration
@@ -102,8 +104,12 @@ func (ld *load) work(runCtx context.Context, w int, start, end time.Time, o Opti
 	mine := make([]time.Duration, 0, 1<<14)
 	for runCtx.Err() == nil {
 		k := rng.IntN(o.Keys)
+		ctx := runCtx
+		if o.RequestIDs {
+			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ld.ids.Add(1), 10))
+		}
 		t0 := time.Now()
-		ok, err := ch.check(runCtx, k, o.Cost)
+		ok, err := ch.check(ctx, k, o.Cost)
 		if err != nil {
 			if runCtx.Err() != nil || !time.Now().Before(end) {
 				break // the run ended mid-check: not an error of the limiter

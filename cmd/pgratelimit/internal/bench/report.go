@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 )
 
 // Report is a run's result: the line `pgratelimit bench --json` prints, and
@@ -92,7 +94,7 @@ func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
 		fmt.Fprintf(w, "  server CPU per check by node (µs): %s\n", strings.Join(parts, ", "))
 	}
 	if r.Alerts {
-		fmt.Fprintf(w, "  alerts: %s written\n", plural(r.Events, "event", "events"))
+		fmt.Fprintf(w, "  alerts: %s written\n", human.Plural(r.Events, "event", "events"))
 	}
 	fmt.Fprintf(w, "  audit: %s\n", r.Audit)
 	fmt.Fprintf(w, "  HOT updates: %.1f%% of %d\n", 100*r.HotRatio, r.Updates)
@@ -105,7 +107,7 @@ func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
 // per second and their latency, the acquisitions, the CPU per pair.
 func (r Report) writeLeases(w io.Writer, duration time.Duration, weight int64) {
 	fmt.Fprintf(w, "%s: %d in flight, %d keys, %s, leases of %s of %d per key, each released at once\n",
-		r.Contender, r.Conc, r.Keys, duration, plural(weight, "unit", "units"), r.LeaseMax)
+		r.Contender, r.Conc, r.Keys, duration, human.Plural(weight, "unit", "units"), r.LeaseMax)
 	fmt.Fprintf(w, "  %.0f pairs/s (acquire + release)   p50 %.2f ms   p99 %.2f ms   max %.2f ms (a pair)\n", r.PairsPerSec, r.P50ms, r.P99ms, r.MaxMs)
 	fmt.Fprintf(w, "  acquisitions: %.0f/s, %d acquired and released, %d denied (no free units), %d errors\n", r.ChecksPerSec, r.Allowed, r.Denied, r.Errors)
 	fmt.Fprintf(w, "  CPU per pair: client %.1f µs, server %s µs\n", r.ClientUsPerPair, serverText(r.ServerUsPerPair))
@@ -118,11 +120,4 @@ func serverText(us float64) string {
 		return fmt.Sprintf("%.1f", us)
 	}
 	return "n/a (not a local server)"
-}
-
-func plural(n int64, one, many string) string {
-	if n == 1 {
-		return fmt.Sprintf("%d %s", n, one)
-	}
-	return fmt.Sprintf("%d %s", n, many)
 }

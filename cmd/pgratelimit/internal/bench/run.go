@@ -9,11 +9,11 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench/cpu"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -134,12 +134,12 @@ func measure(ctx context.Context, env Env, o Options, pool *pgxpool.Pool, ch *ch
 	if nodes != nil {
 		nodes0 = nodes.cpu(ctx)
 	}
-	client := cpuSelf()
+	client := cpu.Self()
 	stopProgress, err := ld.run(ctx, env.Progress, o, pool, ch)
 	if err != nil {
 		return nil, cpuUsed{}, err
 	}
-	used := cpuUsed{client: cpuSelf() - client, serverRead: server > 0}
+	used := cpuUsed{client: cpu.Self() - client, serverRead: server > 0}
 	stopProgress()
 	used.server = serverCPU(ctx, pool) - server
 	if nodes != nil {
@@ -184,10 +184,9 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 	if checks == 0 {
 		return rep
 	}
-	perCheck := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/float64(checks)) / 10 }
-	rep.ClientUsPerCheck = perCheck(used.client)
+	rep.ClientUsPerCheck = usPer(used.client, checks)
 	if used.serverRead {
-		rep.ServerUsPerCheck = perCheck(used.server)
+		rep.ServerUsPerCheck = usPer(used.server, checks)
 	}
 	if nodes == nil {
 		return rep
@@ -199,7 +198,7 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 	for i, d := range used.nodes {
 		nc := NodeCPU{Node: nodes.names[i], UsPerCheck: -1}
 		if d >= 0 {
-			nc.UsPerCheck = perCheck(d)
+			nc.UsPerCheck = usPer(d, checks)
 			rep.ServerUsPerCheck += nc.UsPerCheck
 		} else {
 			readAll = false
@@ -222,11 +221,15 @@ func (ld *load) leaseFigures(rep *Report, o Options, used cpuUsed) {
 	if rep.Pairs == 0 {
 		return
 	}
-	perPair := func(d time.Duration) float64 { return math.Round(10*float64(d.Microseconds())/float64(rep.Pairs)) / 10 }
-	rep.ClientUsPerPair = perPair(used.client)
+	rep.ClientUsPerPair = usPer(used.client, rep.Pairs)
 	if used.serverRead {
-		rep.ServerUsPerPair = perPair(used.server)
+		rep.ServerUsPerPair = usPer(used.server, rep.Pairs)
 	}
+}
+
+// usPer is d over n, in microseconds to a tenth.
+func usPer(d time.Duration, n int64) float64 {
+	return math.Round(10*float64(d.Microseconds())/float64(n)) / 10
 }
 
 // audit checks exactness: no key may have been given more than a bucket
@@ -260,48 +263,50 @@ type checker struct {
 	// audit, if not nil, is the run's exactness audit, instead of the
 	// buckets' (--leases).
 	audit func() string
-	// close releases what the limiters run on (a client of their own with
-	// --no-routing).
+	// close closes the client the limiters or the semaphore run on (with
+	// --coalesce-conns and --no-routing).
 	close func(ctx context.Context)
 }
 
 func newChecker(ctx context.Context, pool *pgxpool.Pool, cfg pgratelimit.Config, o Options) (*checker, error) {
-	if o.Leases {
-		return newLeaseChecker(ctx, pool, o)
-	}
 	client, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{CoalesceConns: o.CoalesceConns, DisableRouting: o.NoRouting})
 	if err != nil {
 		return nil, err
 	}
-	ch := &checker{close: func(ctx context.Context) { client.Close(ctx) }, timeDenied: true}
-	newLimiter := client.NewLimiter
-	l, err := newLimiter(cfg)
+	ch := &checker{close: func(ctx context.Context) { client.Close(ctx) }, timeDenied: !o.Leases}
+	if o.Leases {
+		err = ch.leases(client, o)
+	} else {
+		err = ch.limits(client, cfg, o)
+	}
 	if err != nil {
 		ch.close(ctx)
 		return nil, err
 	}
+	return ch, nil
+}
+
+// limits makes the checker's limiter, and with --limits 2 its daily one.
+func (ch *checker) limits(client *pgratelimit.Client, cfg pgratelimit.Config, o Options) error {
+	l, err := client.NewLimiter(cfg)
+	if err != nil {
+		return err
+	}
 	ch.l = l
-	var ids atomic.Int64
 	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
-		if o.RequestIDs {
-			ctx = pgratelimit.WithRequestID(ctx, "r"+strconv.FormatInt(ids.Add(1), 10))
-		}
 		r, err := l.AllowN(ctx, keyName(k), cost)
 		return r.Allowed, err
 	}
-	if o.Limits == 2 {
-		dayCfg := cfg
-		dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
-		day, err := newLimiter(dayCfg)
-		if err != nil {
-			ch.close(ctx)
-			return nil, err
-		}
-		ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
-			key := keyName(k)
-			m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost), day.Charge(key, cost))
-			return m.Allowed, err
-		}
+	if o.Limits == 1 {
+		return nil
 	}
-	return ch, nil
+	dayCfg := cfg
+	dayCfg.Prefix, dayCfg.Interval = "bench-day", 24*time.Hour
+	day, err := client.NewLimiter(dayCfg)
+	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
+		key := keyName(k)
+		m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost), day.Charge(key, cost))
+		return m.Allowed, err
+	}
+	return err
 }

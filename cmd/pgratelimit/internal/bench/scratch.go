@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/migrations"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
@@ -35,9 +36,9 @@ type scratch struct {
 func createScratch(ctx context.Context, env Env, o Options, cfg pgratelimit.Config) (*scratch, error) {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	s := &scratch{env: env, name: "pgratelimit_bench_" + hex.EncodeToString(b[:]), table: tables.Buckets}
+	s := &scratch{env: env, name: "pgratelimit_bench_" + hex.EncodeToString(b[:]), table: sqlgen.DurableTable}
 	if cfg.Storage == pgratelimit.Ephemeral {
-		s.table = tables.EphemeralBuckets
+		s.table = sqlgen.EphemeralTable
 	}
 	sctx, cancel := env.bound(ctx)
 	defer cancel()
@@ -64,22 +65,19 @@ func createScratch(ctx context.Context, env Env, o Options, cfg pgratelimit.Conf
 	return s, nil
 }
 
-// setUp migrates the schema, distributes it if it may, and grants.
+// setUp migrates the schema, distributes it if it may (with --citus, it
+// must), and grants.
 func (s *scratch) setUp(ctx context.Context, o Options, cfg pgratelimit.Config) error {
 	db := stdlib.OpenDB(*s.env.Pool.ConnConfig)
 	defer db.Close()
 	if err := migrations.Up(ctx, db); err != nil {
 		return err
 	}
-	var citusInstalled bool
-	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&citusInstalled); err != nil {
-		return err
-	}
-	if o.Citus || citusInstalled {
-		if err := migrations.Distribute(ctx, db); err != nil {
-			return err
-		}
+	switch err := migrations.Distribute(ctx, db); {
+	case err == nil:
 		s.distributed = true
+	case !errors.Is(err, migrations.ErrNoCitus) || o.Citus:
+		return err
 	}
 	if o.Overrides > 0 {
 		// One key in every 1/F, with the run's own capacity and refill: the
@@ -160,7 +158,7 @@ func (s *scratch) tableStats(ctx context.Context, rep *Report, sizes bool) error
 		rep.Updates, rep.HotRatio = upd, math.Round(1000*float64(hot)/float64(upd))/1000
 	}
 	if rep.Alerts {
-		events := pgx.Identifier{s.name, tables.Events}.Sanitize()
+		events := pgx.Identifier{s.name, sqlgen.EventsTable}.Sanitize()
 		if err := s.admin.QueryRow(ctx, `SELECT count(*) FROM `+events).Scan(&rep.Events); err != nil {
 			return fmt.Errorf("counting the events: %w", err)
 		}

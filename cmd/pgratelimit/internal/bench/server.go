@@ -11,9 +11,6 @@ import (
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/bench/cpu"
 )
 
-// cpuSelf is this process's CPU time so far.
-func cpuSelf() time.Duration { return cpu.Self() }
-
 // serverCPU is the CPU time so far of the PostgreSQL server behind q (a
 // pool or a connection), when it runs on this machine: its postmaster and
 // everything it started (cpu.Tree). 0 when it cannot be read (a remote

@@ -3,13 +3,12 @@ package demo
 import (
 	"context"
 	"fmt"
-	"math"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
@@ -52,8 +51,7 @@ func (a *app) creditsAlertsOf(ctx context.Context, key string) ([]alertJSON, err
 func alertText(e events.Event) string {
 	switch e.Kind {
 	case events.Used:
-		// Rounded to a millionth of a percent: 0.57*100 is 56.99999999999999.
-		return strconv.FormatFloat(math.Round(e.Fraction*1e8)/1e6, 'f', -1, 64) + "% of the monthly quota used"
+		return human.Percent(e.Fraction) + " of the monthly quota used"
 	case events.Below:
 		return fmt.Sprintf("balance at or below %d (quota and grants)", e.Level)
 	case events.Exhausted:

@@ -57,7 +57,7 @@ type app struct {
 	pool    *pgxpool.Pool
 	credits atomic.Pointer[pgratelimit.Limiter] // the credits scenario's: a monthly quota, grants and alerts
 	jobs    *jobs                               // the jobs card's: leases of a Semaphore
-	counts  checkCounter
+	counts  *otelCounter                        // the checks the demo's limiters decided, by result
 	mp      *sdkmetric.MeterProvider
 	log     *slog.Logger
 	timeout time.Duration // each request's database work; 0: none
@@ -68,11 +68,6 @@ type app struct {
 
 	done     chan struct{} // closed when the server shuts down: ends event streams
 	doneOnce sync.Once
-}
-
-// checkCounter reads how many checks the demo's limiters decided, by result.
-type checkCounter interface {
-	counts(ctx context.Context) (checkCounts, error)
 }
 
 // checkCounts are the checks decided so far, by result: Invalid are the
@@ -232,17 +227,17 @@ func (a *app) handler() (http.Handler, error) {
 	mux.Handle("GET /api/limited", a.bounded(one(hello)))
 	mux.Handle("GET /api/two-limits", a.bounded(two(hello)))
 
-	mux.Handle("GET /api/state", a.bounded(http.HandlerFunc(a.serveState)))
-	mux.HandleFunc("GET /api/events", a.serveEvents)
-	mux.Handle("POST /api/policy", a.bounded(http.HandlerFunc(a.servePolicy)))
-	mux.Handle("POST /api/reset", a.bounded(http.HandlerFunc(a.serveReset)))
-	mux.Handle("POST /api/scenario/rollback", a.bounded(http.HandlerFunc(a.serveRollback)))
-	mux.Handle("POST /api/credits/charge", a.bounded(http.HandlerFunc(a.serveCharge)))
-	mux.Handle("POST /api/credits/grant", a.bounded(http.HandlerFunc(a.serveGrant)))
-	mux.Handle("POST /api/credits/reset", a.bounded(http.HandlerFunc(a.serveCreditsReset)))
-	mux.Handle("POST /api/jobs/start", a.bounded(http.HandlerFunc(a.serveJobStart)))
-	mux.Handle("POST /api/jobs/kill", a.bounded(http.HandlerFunc(a.serveJobKill)))
-	mux.Handle("POST /api/jobs/reset", a.bounded(http.HandlerFunc(a.serveJobsReset)))
+	mux.Handle("GET /api/state", a.bounded(a.keyed(a.serveState)))
+	mux.Handle("GET /api/events", a.keyed(a.serveEvents))
+	mux.Handle("POST /api/policy", a.bounded(a.keyed(a.servePolicy)))
+	mux.Handle("POST /api/reset", a.bounded(a.keyed(a.serveReset)))
+	mux.Handle("POST /api/scenario/rollback", a.bounded(a.keyed(a.serveRollback)))
+	mux.Handle("POST /api/credits/charge", a.bounded(a.keyed(a.serveCharge)))
+	mux.Handle("POST /api/credits/grant", a.bounded(a.keyed(a.serveGrant)))
+	mux.Handle("POST /api/credits/reset", a.bounded(a.keyed(a.serveCreditsReset)))
+	mux.Handle("POST /api/jobs/start", a.bounded(a.keyed(a.serveJobStart)))
+	mux.Handle("POST /api/jobs/kill", a.bounded(a.keyed(a.serveJobKill)))
+	mux.Handle("POST /api/jobs/reset", a.bounded(a.keyed(a.serveJobsReset)))
 
 	// The operator UI, on the credits and the jobs (the page's own
 	// limiter changes policy as the page applies new ones). An app mounts
@@ -256,10 +251,6 @@ func (a *app) handler() (http.Handler, error) {
 	mux.Handle("POST /admin/", a.bounded(admin))
 	return mux, nil
 }
-
-// bounded bounds a request's database work by the app's timeout (the
-// command's --timeout).
-func (a *app) bounded(h http.Handler) http.Handler { return withRequestTimeout(a.timeout, h) }
 
 // costParam is a request's cost: ?cost=N, 1 without one. A cost that does
 // not parse is 0, which the middleware answers with 400.
@@ -275,14 +266,14 @@ func costParam(r *http.Request) int64 {
 	return n
 }
 
-// withRequestTimeout bounds each request's work (the limiter's database
-// work in the middleware) by d, when d > 0.
-func withRequestTimeout(d time.Duration, h http.Handler) http.Handler {
-	if d <= 0 {
+// bounded bounds each request's work (the limiter's database work in the
+// middleware) by the app's timeout (the command's --timeout), when set.
+func (a *app) bounded(h http.Handler) http.Handler {
+	if a.timeout <= 0 {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), d)
+		ctx, cancel := context.WithTimeout(r.Context(), a.timeout)
 		defer cancel()
 		h.ServeHTTP(w, r.WithContext(ctx))
 	})

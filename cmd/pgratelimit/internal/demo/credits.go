@@ -9,10 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/tables"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/internal/middleware"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -88,7 +87,7 @@ func (a *app) resetCredits(ctx context.Context, key string) error {
 	if err := a.credits.Load().Reset(ctx, key); err != nil {
 		return err
 	}
-	for _, table := range []string{tables.Grants, tables.AlertState, tables.Events} {
+	for _, table := range []string{sqlgen.GrantsTable, sqlgen.AlertStateTable, sqlgen.EventsTable} {
 		del := `DELETE FROM ` + pgx.Identifier{table}.Sanitize() + ` WHERE prefix = $1 AND key = $2`
 		if _, err := a.pool.Exec(ctx, del, creditsPrefix, key); err != nil {
 			return fmt.Errorf("delete the rows of %q in %s: %w", key, table, err)
@@ -114,43 +113,31 @@ type chargeJSON struct {
 // middleware does, and the middleware's RateLimit headers): from the quota
 // first, the rest from grants. A denied charge is a 429 with Retry-After
 // and a message that says why.
-func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
-	ctx := r.Context()
+func (a *app) serveCharge(w http.ResponseWriter, r *http.Request, key string) error {
 	cost := costParam(r)
 	if cost < 1 {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("cost must be a whole number of at least 1, got %q", r.URL.Query().Get("cost"))})
-		return
-	}
-	fail := func(err error) {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+		return badf("cost must be a whole number of at least 1, got %q", r.URL.Query().Get("cost"))
 	}
 	l := a.credits.Load()
-	ls := []*pgratelimit.Limiter{l}
-	m, err := pgratelimit.AllowAll(ctx, l.Charge(key, cost))
+	m, err := pgratelimit.AllowAll(r.Context(), l.Charge(key, cost))
 	if err != nil {
-		fail(err)
-		return
+		return err
 	}
 	res := m.Results[0]
 	out := chargeJSON{Allowed: m.Allowed, Cost: cost, Quota: res.Remaining, Capacity: res.Limit, Granted: res.Granted}
-	f := middleware.FieldsFor(ls, m)
+	f := middleware.FieldsFor([]*pgratelimit.Limiter{l}, m)
 	w.Header().Set("RateLimit-Policy", f.Policy)
 	w.Header().Set("RateLimit", f.RateLimit)
 	status := http.StatusOK
-	if m.Allowed {
-		out.FromGrants = res.FromGrants
-		out.FromQuota = cost - out.FromGrants
-		if out.FromGrants == 0 {
-			out.Message = fmt.Sprintf("Charged %d from the monthly quota: %d of %d left, %d granted.", cost, res.Remaining, res.Limit, res.Granted)
-		} else {
-			out.Message = fmt.Sprintf("Charged %d: %d from the monthly quota (%d of %d left), %d from grants (%d left).",
-				cost, out.FromQuota, res.Remaining, res.Limit, out.FromGrants, res.Granted)
-		}
-	} else {
+	switch {
+	case m.Allowed && res.FromGrants == 0:
+		out.FromQuota = cost
+		out.Message = fmt.Sprintf("Charged %d from the monthly quota: %d of %d left, %d granted.", cost, res.Remaining, res.Limit, res.Granted)
+	case m.Allowed:
+		out.FromGrants, out.FromQuota = res.FromGrants, cost-res.FromGrants
+		out.Message = fmt.Sprintf("Charged %d: %d from the monthly quota (%d of %d left), %d from grants (%d left).",
+			cost, out.FromQuota, res.Remaining, res.Limit, out.FromGrants, res.Granted)
+	default:
 		status = http.StatusTooManyRequests
 		w.Header().Set("Retry-After", f.RetryAfter)
 		out.Message = fmt.Sprintf("Denied: a charge of %d is more than the %d left of the monthly quota and the %d granted; nothing taken. ",
@@ -158,73 +145,54 @@ func (a *app) serveCharge(w http.ResponseWriter, r *http.Request) {
 		if m.RetryAfter == pgratelimit.InfDuration {
 			out.Message += fmt.Sprintf("Even a full quota (%d) would not cover it: grant credits.", res.Limit)
 		} else {
-			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", humantime.Duration(m.RetryAfter))
+			out.Message += fmt.Sprintf("The quota renews in %s; or grant credits.", human.Duration(m.RetryAfter))
 		}
 	}
 	writeJSON(w, status, out)
+	return nil
 }
 
 // serveGrant grants ?amount= credits to the client, expiring after
 // ?expires_in= (a Go duration; never without one).
-func (a *app) serveGrant(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
-	ctx := r.Context()
-	bad := func(format string, args ...any) {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf(format, args...)})
-	}
+func (a *app) serveGrant(w http.ResponseWriter, r *http.Request, key string) error {
 	amount, err := strconv.ParseInt(r.FormValue("amount"), 10, 64)
-	if err != nil || amount < 1 {
-		bad("amount must be a whole number of at least 1, got %q", r.FormValue("amount"))
-		return
+	if err != nil {
+		return badf("amount must be a whole number of at least 1, got %q", r.FormValue("amount"))
 	}
 	var expiresAt time.Time
+	expires := "never expires"
 	if s := r.FormValue("expires_in"); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
-			bad("expires_in must be a positive duration such as 1h or 168h, got %q", s)
-			return
+			return badf("expires_in must be a positive duration such as 1h or 168h, got %q", s)
 		}
-		expiresAt = time.Now().Add(d)
+		expiresAt, expires = time.Now().Add(d), "expires in "+human.Duration(d)
 	}
-	if _, err := a.credits.Load().Grant(ctx, key, amount, expiresAt); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
+	if _, err := a.credits.Load().Grant(r.Context(), key, amount, expiresAt); err != nil {
+		return err
 	}
-	c, err := a.creditsState(ctx, key)
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
-	}
-	expires := "never expires"
-	if !expiresAt.IsZero() {
-		expires = "expires in " + humantime.Duration(time.Until(expiresAt))
-	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"message": fmt.Sprintf("Granted %d credits (%s): %d granted in all, beside the quota's %d of %d.", amount, expires, c.Granted, c.Quota, c.Capacity),
-		"credits": c,
+	return a.writeCredits(w, r, key, func(c creditsJSON) string {
+		return fmt.Sprintf("Granted %d credits (%s): %d granted in all, beside the quota's %d of %d.", amount, expires, c.Granted, c.Quota, c.Capacity)
 	})
 }
 
 // serveCreditsReset gives the client a full quota and no grants.
-func (a *app) serveCreditsReset(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
+func (a *app) serveCreditsReset(w http.ResponseWriter, r *http.Request, key string) error {
 	if err := a.resetCredits(r.Context(), key); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
+		return err
 	}
+	return a.writeCredits(w, r, key, func(c creditsJSON) string {
+		return fmt.Sprintf("Started over: a full quota of %d, no grants.", c.Capacity)
+	})
+}
+
+// writeCredits answers with the credits card's state and what message
+// makes of it.
+func (a *app) writeCredits(w http.ResponseWriter, r *http.Request, key string, message func(creditsJSON) string) error {
 	c, err := a.creditsState(r.Context(), key)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
+		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"message": fmt.Sprintf("Started over: a full quota of %d, no grants.", c.Capacity),
-		"credits": c,
-	})
+	writeJSON(w, http.StatusOK, map[string]any{"message": message(c), "credits": c})
+	return nil
 }

@@ -143,9 +143,7 @@ func (o *Options) database(ctx context.Context) (url string, stop func(), err er
 	o.throwaway = db.URL
 	fmt.Fprintf(o.Stdout, "Started PostgreSQL %s, removed when the demo stops: DATABASE_URL=%s\n", db.Version, db.URL)
 	return db.URL, func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if err := db.Close(sctx); err != nil {
+		if err := db.Close(ctx); err != nil {
 			fmt.Fprintln(o.Stderr, "stopping the throwaway PostgreSQL:", err)
 		} else {
 			fmt.Fprintln(o.Stdout, "Stopped and removed the throwaway PostgreSQL.")

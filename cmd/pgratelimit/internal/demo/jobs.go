@@ -14,8 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/clierr"
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -274,63 +273,45 @@ func (j *jobs) state(ctx context.Context, key string) (jobsJSON, error) {
 // serveJobStart starts a job for the client if a slot is free: 200 with
 // what it holds, else 429 with Retry-After (when the soonest lease
 // expires) and why.
-func (a *app) serveJobStart(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
+func (a *app) serveJobStart(w http.ResponseWriter, r *http.Request, key string) error {
 	res, err := a.jobs.start(r.Context(), key)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
+		return err
 	}
-	status, msg := http.StatusOK, ""
-	if res.Allowed {
-		msg = fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
-			res.Lease.Token, humantime.Duration(a.jobs.runFor), humantime.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit)
-	} else {
-		status = http.StatusTooManyRequests
+	if !res.Allowed {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((res.RetryAfter+time.Second-1)/time.Second), 10))
-		msg = fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
-			res.Limit, res.Limit-res.Remaining, res.Limit, humantime.Duration(res.RetryAfter))
+		return a.writeJobs(w, r, key, http.StatusTooManyRequests, fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
+			res.Limit, res.Limit-res.Remaining, res.Limit, human.Duration(res.RetryAfter)))
 	}
-	a.writeJobs(r.Context(), w, key, status, msg)
+	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
+		res.Lease.Token, human.Duration(a.jobs.runFor), human.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit))
 }
 
 // serveJobKill kills the client's oldest running job: no more heartbeats,
 // and no release.
-func (a *app) serveJobKill(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
+func (a *app) serveJobKill(w http.ResponseWriter, r *http.Request, key string) error {
 	msg := "No running job to kill: start one first."
 	if l, ok := a.jobs.kill(key); ok {
 		msg = fmt.Sprintf("Killed the job with lease token %d without releasing its lease: no more heartbeats, so its slot comes back when the lease expires, in %s.",
-			l.Token, humantime.Duration(max(time.Until(l.ExpiresAt), 0)))
+			l.Token, human.Duration(max(time.Until(l.ExpiresAt), 0)))
 	}
-	a.writeJobs(r.Context(), w, key, http.StatusOK, msg)
+	return a.writeJobs(w, r, key, http.StatusOK, msg)
 }
 
 // serveJobsReset stops the client's jobs and releases its leases.
-func (a *app) serveJobsReset(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
+func (a *app) serveJobsReset(w http.ResponseWriter, r *http.Request, key string) error {
 	if err := a.jobs.reset(r.Context(), key); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
+		return err
 	}
-	a.writeJobs(r.Context(), w, key, http.StatusOK, fmt.Sprintf("Started over: every job stopped and every lease released, %d slots free.", jobsMax))
+	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started over: every job stopped and every lease released, %d slots free.", jobsMax))
 }
 
 // writeJobs answers with status, msg and the jobs card's state.
-func (a *app) writeJobs(ctx context.Context, w http.ResponseWriter, key string, status int, msg string) {
-	st, err := a.jobs.state(ctx, key)
+func (a *app) writeJobs(w http.ResponseWriter, r *http.Request, key string, status int, msg string) error {
+	st, err := a.jobs.state(r.Context(), key)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
-		return
+		return err
 	}
 	writeJSON(w, status, map[string]any{"message": msg, "jobs": st})
+	return nil
 }

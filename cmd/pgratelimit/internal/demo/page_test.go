@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/humantime"
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
@@ -165,7 +165,7 @@ func click(id string) chromedp.Action[chromedp.Void] {
 	}
 }
 
-// checkWaits: the page says waits as the CLI does (humantime), to the
+// checkWaits: the page says waits as the CLI does (human.Duration), to the
 // tenth of a second below 10s where the CLI gives the millisecond.
 func (b *browser) checkWaits() {
 	t := b.t
@@ -174,7 +174,7 @@ func (b *browser) checkWaits() {
 	var said []string
 	require.NoError(t, json.Unmarshal([]byte(b.eval(fmt.Sprintf(`JSON.stringify(%s.map(fmtMs))`, mustJSON(t, waits)))), &said))
 	for i, ms := range waits {
-		require.Equal(t, humantime.Duration(time.Duration(ms)*time.Millisecond), said[i], "fmtMs(%d)", ms)
+		require.Equal(t, human.Duration(time.Duration(ms)*time.Millisecond), said[i], "fmtMs(%d)", ms)
 	}
 	require.Equal(t, `["0s","412ms","4.4s","9.9s","10s"]`, b.eval(`JSON.stringify([0, 412, 4306, 9900, 9950].map(fmtMs))`))
 }

@@ -53,29 +53,20 @@ func describePolicy(p *policy) policyJSON {
 	full := pgratelimit.MultiResult{Allowed: true, Results: []pgratelimit.Result{{Limit: c.Capacity, Remaining: c.Capacity}}}
 	return policyJSON{
 		Gen: p.gen, Prefix: c.Prefix, Capacity: c.Capacity, Refill: c.Refill,
-		Interval: c.Interval.String(), IntervalMS: c.Interval.Milliseconds(), Storage: storageName(c.Storage),
+		Interval: c.Interval.String(), IntervalMS: c.Interval.Milliseconds(), Storage: c.Storage.String(),
 		Header: middleware.FieldsFor([]*pgratelimit.Limiter{p.l}, full).Policy,
 		Minute: fmt.Sprintf("%d per minute", m.Capacity),
 	}
 }
 
-func storageName(s pgratelimit.Storage) string {
-	if s == pgratelimit.Ephemeral {
-		return "ephemeral"
-	}
-	return "durable"
-}
-
 // bucketOf is a peeked bucket, with the time to its next refill worked out
-// from ResetAfter: full after k more refills, the next of them k-1
-// intervals before that.
+// from ResetAfter: full after some more refills, an interval apart.
 func bucketOf(r pgratelimit.Result, cfg pgratelimit.Config) bucketJSON {
 	b := bucketJSON{Tokens: r.Remaining, Capacity: r.Limit, FullInMS: r.ResetAfter.Milliseconds()}
-	if missing := r.Limit - r.Remaining; missing > 0 && r.ResetAfter > 0 {
-		k := (missing + cfg.Refill - 1) / cfg.Refill
-		next := r.ResetAfter - time.Duration(k-1)*cfg.Interval
-		if next <= 0 || next > cfg.Interval {
-			next = r.ResetAfter % cfg.Interval
+	if r.Remaining < r.Limit && r.ResetAfter > 0 {
+		next := r.ResetAfter % cfg.Interval // (the refills after the next are an interval apart)
+		if next == 0 {
+			next = cfg.Interval
 		}
 		b.NextRefillMS = max(next.Milliseconds(), 1)
 	}
@@ -119,14 +110,31 @@ func (a *app) state(ctx context.Context, key string) stateJSON {
 	return st
 }
 
-func (a *app) clientKey(w http.ResponseWriter, r *http.Request) (string, bool) {
-	key, err := a.key(r)
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
-		return "", false
-	}
-	return key, true
+// keyed serves h with the client's key (KeyByIP; none is a 400). An error
+// h returns is the answer: a 400 for bad input (badRequest, or a policy or
+// an argument the library refuses), else a 503, in the library's words.
+func (a *app) keyed(h func(w http.ResponseWriter, r *http.Request, key string) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, err := a.key(r)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		var bad badRequest
+		switch err := h(w, r, key); {
+		case err == nil:
+		case errors.As(err, &bad) || errors.Is(err, pgratelimit.ErrInvalidConfig) || errors.Is(err, pgratelimit.ErrInvalidArgument):
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": clierr.Text(err)})
+		default:
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": clierr.Text(err)})
+		}
+	})
 }
+
+// badRequest is an error of the request's input.
+type badRequest struct{ error }
+
+func badf(format string, args ...any) error { return badRequest{fmt.Errorf(format, args...)} }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -135,12 +143,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-func (a *app) serveState(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
+func (a *app) serveState(w http.ResponseWriter, r *http.Request, key string) error {
 	writeJSON(w, http.StatusOK, a.state(r.Context(), key))
+	return nil
 }
 
 // eventsEvery is how often the event stream sends the bucket's state.
@@ -148,11 +153,7 @@ const eventsEvery = 250 * time.Millisecond
 
 // serveEvents streams the state of the client's bucket as Server-Sent
 // Events, every eventsEvery, until the client goes or the server stops.
-func (a *app) serveEvents(w http.ResponseWriter, r *http.Request) {
-	key, ok := a.clientKey(w, r)
-	if !ok {
-		return
-	}
+func (a *app) serveEvents(w http.ResponseWriter, r *http.Request, key string) error {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
@@ -165,16 +166,16 @@ func (a *app) serveEvents(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		b, _ := json.Marshal(st)
 		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return
+			return nil
 		}
 		if err := rc.Flush(); err != nil {
-			return
+			return nil
 		}
 		select {
 		case <-r.Context().Done():
-			return
+			return nil
 		case <-a.done:
-			return
+			return nil
 		case <-tick.C:
 		}
 	}

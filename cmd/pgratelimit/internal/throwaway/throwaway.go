@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -82,10 +83,13 @@ func explain(err error, port int) error {
 	return fmt.Errorf("starting a throwaway PostgreSQL: %w", err)
 }
 
-// Close stops the server and removes its data.
+// Close stops the server and removes its data, within 30s, also once ctx
+// is done (an interrupt is what ends a throwaway PostgreSQL).
 func (db *DB) Close(ctx context.Context) error {
 	if db.in == nil {
 		return errors.New("throwaway: not started")
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
 	return db.in.Close(ctx)
 }

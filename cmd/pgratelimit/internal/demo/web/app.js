@@ -27,7 +27,7 @@ function showError(msg) {
   el.textContent = msg || "";
 }
 
-// fmtMs says a wait as the CLI does (package humantime), never shorter than
+// fmtMs says a wait as the CLI does (package human), never shorter than
 // the truth: "850ms" and "4.4s" (to the tenth, where the CLI gives the
 // millisecond), "20s"; from a minute up in its two largest units of days,
 // hours, minutes and seconds, rounded up to the second ("12m 5s", "3h 12m",

@@ -1,10 +1,12 @@
-// Package humantime says durations for people, the same way in the CLI's
-// output and in the demo's page and messages.
-package humantime
+// Package human says durations, moments, counts and fractions for people,
+// the same way in the CLI's output, the load bench's report and the demo's
+// page and messages.
+package human
 
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -55,4 +57,37 @@ func Duration(d time.Duration) string {
 		return s
 	}
 	return d.String() // not reached: d is a minute or more
+}
+
+// momentLayout is how In shows a moment: to the minute, in the local time
+// zone, with its name.
+const momentLayout = "2006-01-02 15:04 MST"
+
+// In says when something happens, d after now: "in 20s", and from a day up
+// the moment too, in now's time zone, rounded up to the minute like the
+// wait: "in 5d 14h (2026-12-01 03:12 UTC)".
+func In(d time.Duration, now time.Time) string {
+	s := "in " + Duration(d)
+	if d < Day {
+		return s
+	}
+	t := now.Add(d)
+	if r := t.Sub(t.Truncate(time.Minute)); r != 0 {
+		t = t.Add(time.Minute - r)
+	}
+	return s + " (" + t.Format(momentLayout) + ")"
+}
+
+// Plural says n things: "1 token", "3 tokens".
+func Plural(n int64, one, many string) string {
+	if n == 1 || n == -1 {
+		return fmt.Sprintf("%d %s", n, one)
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
+
+// Percent says a fraction as a percentage, rounded to a millionth of a
+// percent (0.57*100 is 56.99999999999999): "57%".
+func Percent(fraction float64) string {
+	return strconv.FormatFloat(math.Round(fraction*1e8)/1e6, 'f', -1, 64) + "%"
 }

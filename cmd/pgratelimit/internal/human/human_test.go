@@ -1,4 +1,4 @@
-package humantime
+package human
 
 import (
 	"math"
@@ -31,4 +31,24 @@ func TestDuration(t *testing.T) {
 	} {
 		require.Equal(t, want, Duration(d), "%s", d)
 	}
+}
+
+// In gives the moment too from a day up, in now's zone, to the minute
+// (rounded up).
+func TestIn(t *testing.T) {
+	now := time.Date(2026, 11, 25, 9, 55, 30, 0, time.UTC)
+	require.Equal(t, "in 4.307s", In(4307*time.Millisecond, now))
+	require.Equal(t, "in 23h 59m", In(23*time.Hour+58*time.Minute+1*time.Second, now))
+	require.Equal(t, "in 5d 14h (2026-11-30 23:26 UTC)", In(5*Day+13*time.Hour+30*time.Minute, now))
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	require.NoError(t, err)
+	require.Equal(t, "in 1d 12h (2026-11-26 22:56 CET)", In(36*time.Hour, now.In(berlin)))
+}
+
+func TestPercentAndPlural(t *testing.T) {
+	require.Equal(t, "57%", Percent(0.57))
+	require.Equal(t, "80%", Percent(0.8))
+	require.Equal(t, "1 token", Plural(1, "token", "tokens"))
+	require.Equal(t, "-1 token", Plural(-1, "token", "tokens"))
+	require.Equal(t, "0 tokens", Plural(0, "token", "tokens"))
 }
