@@ -328,3 +328,67 @@ func concurrently(t *testing.T, workers, n int, key func(w, i int) string, l *pg
 	wg.Wait()
 	return allowed.Load()
 }
+
+// Overrides on Citus: a limiter with Overrides checks through the
+// coordinator, which reads the key's override after each lock; one without
+// Overrides on the same prefix (routed to the workers, with routing on)
+// decides under its own policy and leaves the rows' copies alone; a row made
+// again (Reset) comes back under the override; a cleared override falls back
+// to the policy. With routing on and off, coalesced and per check.
+func TestCitusOverrides(t *testing.T) {
+	t.Parallel()
+	for _, routing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("routing=%v", routing), func(t *testing.T) {
+			ctx := context.Background()
+			pool := citusPool(t, 8)
+			c, err := pgratelimit.NewClient(ctx, pool, pgratelimit.ClientConfig{DisableRouting: !routing})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = c.Close(ctx) })
+			for _, perCheck := range []bool{false, true} {
+				prefix := fmt.Sprintf("ov%v", perCheck)
+				on, err := c.NewLimiter(pgratelimit.Config{Prefix: prefix, Capacity: 10, Refill: 1, Interval: time.Hour, Overrides: true, DisableCoalescing: perCheck})
+				require.NoError(t, err)
+				off, err := c.NewLimiter(pgratelimit.Config{Prefix: prefix, Capacity: 10, Refill: 1, Interval: time.Hour, DisableCoalescing: perCheck})
+				require.NoError(t, err)
+				want := func(r pgratelimit.Result, err error, limit, remaining int64) {
+					t.Helper()
+					require.NoError(t, err)
+					require.Equal(t, [2]int64{limit, remaining}, [2]int64{r.Limit, r.Remaining}, "limit, remaining")
+				}
+
+				r, err := on.SetOverride(ctx, "k", pgratelimit.Override{Capacity: 50, Refill: 1})
+				want(r, err, 50, 50)
+				r, err = on.AllowN(ctx, "k", 1)
+				want(r, err, 50, 49)
+				r, err = off.AllowN(ctx, "k", 1) // its own policy clamps
+				want(r, err, 10, 9)
+				r, err = on.AllowN(ctx, "k", 1) // raised again by the override
+				want(r, err, 50, 48)
+
+				// A row made again (by the limiter without Overrides, then
+				// checked by the one with): full, under the override.
+				require.NoError(t, off.Reset(ctx, "k"))
+				r, err = off.AllowN(ctx, "k", 1)
+				want(r, err, 10, 9)
+				r, err = on.AllowN(ctx, "k", 1)
+				want(r, err, 50, 48)
+
+				// A key first checked after its override was set.
+				r, err = on.SetOverride(ctx, "j", pgratelimit.Override{Capacity: 30, Refill: 1})
+				want(r, err, 30, 30)
+				require.NoError(t, on.Reset(ctx, "j"))
+				r, err = on.AllowN(ctx, "j", 5)
+				want(r, err, 30, 25)
+
+				r, err = on.ClearOverride(ctx, "k")
+				want(r, err, 10, 10)
+				r, err = on.AllowN(ctx, "k", 1)
+				want(r, err, 10, 9)
+				r, err = on.ClearOverride(ctx, "j")
+				want(r, err, 10, 10)
+				r, err = on.AllowN(ctx, "j", 1)
+				want(r, err, 10, 9)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package pgratelimit
 import (
 	"context"
 	"database/sql"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,7 +75,8 @@ func (tx Tx) AllowAll(ctx context.Context, charges ...Charge) (MultiResult, erro
 
 // runIn runs q in the caller's transaction tx through c: tx's isolation and
 // lock_timeout, one row per statement whatever the dialect (Citus takes
-// them too). what names it in errors.
+// them too; the dialect is the client's if known, else plain PostgreSQL's,
+// unless q reads overrides). what names it in errors.
 func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engine.Settings, what string) error {
 	if c.mem != nil {
 		return errMemoryTx
@@ -89,6 +91,15 @@ func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engin
 	set.Dialect = engine.Postgres{}
 	if known := c.dia.Load(); known != nil {
 		set.Dialect = *known
+	} else if slices.ContainsFunc(q.Charges, func(ch engine.Charge) bool { return ch.Overrides }) {
+		// How a check reads overrides is the dialect's (on Citus, not in
+		// the locks, whose override function cannot run on a shard): ask
+		// the database, once, as a check on the pool does.
+		d, err := c.dialect(ctx)
+		if err != nil {
+			return engine.DBError(what+" in transaction", err)
+		}
+		set.Dialect = d
 	}
 	if err := engine.RunIn(ctx, tx.ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
 		return engine.DBError(what+" in transaction", err)
