@@ -260,8 +260,8 @@ func TestOverrideInBatches(t *testing.T) {
 	}
 }
 
-// A key's bucket row carries its override, and a row made again carries it
-// too: after Reset deleted it (one row, and rows of a batch, the array
+// A key's bucket row carries its override, and a row made again (its copy
+// unknown) is decided under it too: after Reset deleted it (one row, and rows of a batch, the array
 // statements), and after a crash emptied the ephemeral table (TRUNCATE
 // stands in for it).
 func TestOverrideOutlivesItsRow(t *testing.T) {
@@ -335,8 +335,8 @@ func TestOverrideOutlivesItsRow(t *testing.T) {
 
 // Limiters of both storages on one prefix share its keys' overrides:
 // SetOverride and ClearOverride through either one write the rows of both
-// tables (the other's only where it has one; a row made later copies the
-// override).
+// tables (the other's made where it has none; a row made later reads the
+// override after its lock).
 func TestOverrideBothStorages(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -372,8 +372,8 @@ func TestOverrideBothStorages(t *testing.T) {
 	mustResult(t, r, err, 10, 9)
 }
 
-// A transaction whose snapshot predates an override cannot copy the older
-// override into a row of the key made after it: SetOverride made the key's
+// A transaction whose snapshot predates an override cannot read the older
+// override for a row of the key made after it: SetOverride made the key's
 // rows of both tables, so the transaction's INSERT meets the row it cannot
 // see (REPEATABLE READ: a serialization failure; READ COMMITTED: it waits
 // for the override's commit and locks the row with its copy), and every

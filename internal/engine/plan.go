@@ -405,8 +405,8 @@ func (a *Attempt) close() []Stmt {
 }
 
 // InlineOverrides says a's locks read the rows' overrides in the locking
-// statements (sqlgen.Table.Overrides: the rows' override columns): on plain
-// PostgreSQL. Citus's coordinator reads them with OverrideRead, a statement
+// statements (sqlgen.Table.Overrides: the rows' copies, resolved), and its
+// UPDATE writes them: on plain PostgreSQL. Citus's coordinator reads them with OverrideRead, a statement
 // of its own after each lock; a routed transaction has no charge with
 // Overrides.
 func (a *Attempt) InlineOverrides() bool {
@@ -434,18 +434,19 @@ func (w overrideWrite) stmts(now time.Time) []Stmt {
 		{SQL: w.row.Storage.Other().Statements().Mark, Args: mark}}
 }
 
-// holdOthers makes (a placeholder, as a check's INSERT does, copying the
-// key's override as it stands) and locks the rows of the other table
-// whose override columns an OpPlan request of a writes
-// (overrideWrite.stmts): before a's rows when that table comes first in
-// the rows' order (the durable one, for a request on an ephemeral row),
-// else after them, so that a locks rows in the one global order and
-// deadlocks with no check that holds the key's rows of both. Made, not
-// only written where it exists: a check of the other table that makes the
-// row concurrently then meets this transaction on its primary key (waits
-// for it, or fails to serialize under REPEATABLE READ), instead of copying
-// an override older than this one into a row this one did not see. An
-// OpPlan request has one charge, and its plan no row of the other table.
+// holdOthers makes (a placeholder, as a check's INSERT does, its copy of the
+// override unknown until Mark writes it) and locks the rows of the other
+// table whose override columns an OpPlan request of a writes
+// (overrideWrite.stmts): before a's rows when that table comes first in the
+// rows' order (the durable one, for a request on an ephemeral row), else
+// after them, so that a locks rows in the one global order and deadlocks
+// with no check that holds the key's rows of both. Made, not only written
+// where it exists: a check of the other table that makes the row
+// concurrently then meets this transaction on its primary key (waits for it,
+// or fails to serialize under REPEATABLE READ), instead of reading, with a
+// snapshot older than this transaction's commit (REPEATABLE READ), an
+// override older than this one for a row this one did not see. An OpPlan
+// request has one charge, and its plan no row of the other table.
 func (a *Attempt) holdOthers(before bool) []Stmt {
 	var stmts []Stmt
 	for _, q := range a.reqs {
