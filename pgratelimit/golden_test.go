@@ -67,7 +67,7 @@ func TestGoldenSQL(t *testing.T) {
 	fmt.Fprintf(&b, "== leases.tokens\n%s\n", sqlgen.LeaseTokens)
 	fmt.Fprintf(&b, "== notify.one\n%s\n== notify.many\n%s\n== notifyUnbounded.one\n%s\n== notifyUnbounded.many\n%s\n",
 		sqlgen.Notify.One, sqlgen.Notify.Many, sqlgen.NotifyUnbounded.One, sqlgen.NotifyUnbounded.Many)
-	fmt.Fprintf(&b, "== readClock\n%s\n", (&engine.Attempt{}).ReadClock().SQL)
+	fmt.Fprintf(&b, "== readClock\n%s\n", sqlgen.Clock)
 	// The Overrides variants, after the rest (which they leave as they were).
 	overrides("durable", *Durable.statements())
 	overrides("ephemeral", *Ephemeral.statements())

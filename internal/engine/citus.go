@@ -51,17 +51,17 @@ type coordinatorRow struct{ OneRow }
 // its own after the lock, so read with a snapshot taken after the lock; a
 // row a skipped defers its requests, whatever was read of its override).
 func (coordinatorRow) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	ts := a.Table(&s.Statements().Citus)
+	ts := a.tableFor(&s.Statements().Citus)
 	sql := ts.Lock
-	if a.Mode() != WaitLocks {
+	if a.mode != WaitLocks {
 		sql = ts.LockSkip
 	}
-	scan := a.ScanRows(s, false, false)
+	scan := a.scanRows(s, false, false)
 	var stmts []Stmt
 	for _, r := range rows {
-		stmts = append(stmts, Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan})
+		stmts = append(stmts, Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.clock}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
-		stmts = append(stmts, a.OverrideRead(r)...)
+		stmts = append(stmts, a.overrideRead(r)...)
 	}
 	return stmts
 }
@@ -69,12 +69,12 @@ func (coordinatorRow) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
 // Relock upserts and locks each row, then reads the clock again: these
 // rows were locked after it was read.
 func (c coordinatorRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	scan := a.ScanRows(s, false, false)
+	scan := a.scanRows(s, false, false)
 	var stmts []Stmt
 	for _, r := range rows {
-		stmts = append(stmts, Stmt{SQL: a.Table(&s.Statements().Citus).Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan})
+		stmts = append(stmts, Stmt{SQL: a.tableFor(&s.Statements().Citus).Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}, Scan: scan})
 		stmts = append(stmts, grantsOf(s, r, a)...)
-		stmts = append(stmts, a.OverrideRead(r)...)
+		stmts = append(stmts, a.overrideRead(r)...)
 	}
 	return append(stmts, c.Clock(a)...)
 }
@@ -82,21 +82,21 @@ func (c coordinatorRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
 // Clock reads the database's clock after the locks, unless the limiter
 // has a clock of its own.
 func (coordinatorRow) Clock(a *Attempt) []Stmt {
-	if a.ClockParam() != nil {
+	if a.clock != nil {
 		return nil
 	}
-	return []Stmt{a.ReadClock()}
+	return []Stmt{a.clockStmt()}
 }
 
 // grantsOf reads r's grants, locked, if a spends grants of s: skipping
 // locked ones when a skips locked rows (only a transaction that holds r's
 // bucket locks its grants, and then r's bucket is not a's).
 func grantsOf(s Storage, r Row, a *Attempt) []Stmt {
-	if !a.WithGrants(s) {
+	if !a.readsGrants(s) {
 		return nil
 	}
 	sql := sqlgen.Grants.LockOne
-	if a.Mode() != WaitLocks {
+	if a.mode != WaitLocks {
 		sql = sqlgen.Grants.LockOneSkip
 	}
 	return []Stmt{{SQL: sql, Args: []any{r.Prefix, r.Key}, Scan: func(rs RowScanner) error {
@@ -111,7 +111,7 @@ func grantsOf(s Storage, r Row, a *Attempt) []Stmt {
 			if exp != nil {
 				g.ExpiresAt = *exp
 			}
-			a.AddGrant(row, g)
+			a.addGrant(row, g)
 		}
 		return rs.Err()
 	}}}
@@ -155,33 +155,33 @@ func (d shardRows) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
 		ts := d.Map.Table(s, r)
 		if r == a.Rows()[0] {
-			return Stmt{SQL: ts.GuardedInsert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam(), d.Map.Shards(a.Rows())}}
+			return Stmt{SQL: ts.GuardedInsert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock, d.Map.Shards(a.Rows())}}
 		}
-		return Stmt{SQL: ts.Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
+		return Stmt{SQL: ts.Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}}
 	})
 }
 
 // Lock locks each row on its shard, and reads whether the node still holds
 // the shard.
 func (d shardRows) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	scan := a.ScanRows(s, false, true)
+	scan := a.scanRows(s, false, true)
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: a.LockSQL(d.Map.Table(s, r), s), Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan}
+		return Stmt{SQL: a.lockSQL(d.Map.Table(s, r), s), Args: []any{r.Prefix, r.Key, a.clock}, Scan: scan}
 	})
 }
 
 // Relock upserts and locks each row a cleanup deleted, on its shard.
 func (d shardRows) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	scan := a.ScanRows(s, false, true)
+	scan := a.scanRows(s, false, true)
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: a.RelockSQL(d.Map.Table(s, r), s), Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan}
+		return Stmt{SQL: a.relockSQL(d.Map.Table(s, r), s), Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}, Scan: scan}
 	})
 }
 
 // Update writes each row on its shard.
 func (d shardRows) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: d.Map.Table(s, r).Update, Args: a.UpdateArgs(r)}
+		return Stmt{SQL: d.Map.Table(s, r).Update, Args: a.updateArgs(r)}
 	})
 }
 
@@ -201,10 +201,10 @@ func (shardRows) Clock(*Attempt) []Stmt { return nil }
 // in the first insert (Insert), or, in an attempt that inserts nothing, in
 // a statement of its own. Whether this node still holds each shard is read
 // after it, with each row (the lock and relock statements' last column,
-// see Attempt.ScanRows): a row of a shard that moved fails the transaction
+// see Attempt.scanRows): a row of a shard that moved fails the transaction
 // before anything is decided.
 func (d shardRows) Guard(a *Attempt) []Stmt {
-	if a.Mode() != SkipLockedNoInsert {
+	if a.mode != SkipLockedNoInsert {
 		return nil
 	}
 	return []Stmt{{SQL: sqlgen.LockShards, Args: []any{d.Map.Shards(a.Rows())}}}

@@ -127,7 +127,7 @@ func (a *Attempt) decidePlan(q *Request) {
 			return
 		}
 		a.apply(q, c, ns, ch)
-		a.SetOverride(c.Row, *o)
+		a.setOverride(c.Row, *o)
 	} else {
 		delete(a.overrides, c.Row)
 	}

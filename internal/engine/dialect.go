@@ -65,24 +65,18 @@ var ErrShardMoved = errors.New("pgratelimit: a shard moved off the node the chec
 // Rows are a's rows, distinct, in lock order.
 func (a *Attempt) Rows() []Row { return a.rows }
 
-// Mode is a's lock mode.
-func (a *Attempt) Mode() LockMode { return a.mode }
-
-// ClockParam is the clock parameter of a's statements (see Clock.Param).
-func (a *Attempt) ClockParam() any { return a.clock }
-
-// AddGrant adds a grant read of r's to a's account of r, if a holds r (a
+// addGrant adds a grant read of r's to a's account of r, if a holds r (a
 // dialect that reads grants in statements of their own).
-func (a *Attempt) AddGrant(r Row, g account.Grant) {
+func (a *Attempt) addGrant(r Row, g account.Grant) {
 	if st := a.state[r]; st != nil {
 		st.Grants = append(st.Grants, g)
 	}
 }
 
-// ReadClock is the statement that reads the database's clock into a, for
+// clockStmt is the statement that reads the database's clock into a, for
 // shapes whose locking statements do not.
-func (a *Attempt) ReadClock() Stmt {
-	return Stmt{SQL: `SELECT clock_timestamp()`, Scan: func(rs RowScanner) error {
+func (a *Attempt) clockStmt() Stmt {
+	return Stmt{SQL: sqlgen.Clock, Scan: func(rs RowScanner) error {
 		for rs.Next() {
 			var t time.Time
 			if err := rs.Scan(&t); err != nil {

@@ -198,19 +198,19 @@ func (a *Attempt) open() []Stmt {
 	return append(stmts, a.shape.Clock(a)...)
 }
 
-// WithGrants says whether a's statements over rows of s read their grants.
-func (a *Attempt) WithGrants(s Storage) bool { return a.spendsGrants && s == Durable }
+// readsGrants says whether a's statements over rows of s read their grants.
+func (a *Attempt) readsGrants(s Storage) bool { return a.spendsGrants && s == Durable }
 
 // scanInto reads locked rows of storage s, with the clock, and with their
 // grants when withGrants (a row per grant, or one with NULL grant columns).
 func (a *Attempt) scanInto(s Storage) func(RowScanner) error {
-	return a.ScanRows(s, a.WithGrants(s), false)
+	return a.scanRows(s, a.readsGrants(s), false)
 }
 
-// ScanRows is scanInto, with grant columns when grants, and with a Citus
+// scanRows is scanInto, with grant columns when grants, and with a Citus
 // shard's placement check (shardRows) when placed: a row whose shard this
 // node no longer holds fails the transaction with ErrShardMoved.
-func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) error {
+func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) error {
 	return func(rs RowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
 		// them to the heap.
@@ -232,7 +232,7 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 		if a.readsData {
 			dest = slices.Insert(dest, 6, any(&leases))
 		}
-		if a.InlineOverrides() {
+		if a.inlineOverrides() {
 			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil))
 		}
 		if placed {
@@ -270,7 +270,7 @@ func (a *Attempt) ScanRows(s Storage, grants, placed bool) func(RowScanner) erro
 				if ovUntil != nil {
 					o.Until = *ovUntil
 				}
-				a.SetOverride(r, o)
+				a.setOverride(r, o)
 			}
 			if id != nil {
 				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
@@ -404,12 +404,12 @@ func (a *Attempt) close() []Stmt {
 	return stmts
 }
 
-// InlineOverrides says a's locks read the rows' overrides in the locking
+// inlineOverrides says a's locks read the rows' overrides in the locking
 // statements (sqlgen.Table.Overrides: the rows' copies, resolved), and its
 // UPDATE writes them: on plain PostgreSQL. Citus's coordinator reads them with OverrideRead, a statement
 // of its own after each lock; a routed transaction has no charge with
 // Overrides.
-func (a *Attempt) InlineOverrides() bool {
+func (a *Attempt) inlineOverrides() bool {
 	return a.readsOverrides && a.set.Dialect.Name() != "citus"
 }
 
@@ -457,7 +457,7 @@ func (a *Attempt) holdOthers(before bool) []Stmt {
 			if o := c.Row.Storage.Other(); (o < c.Row.Storage) == before {
 				ts := o.Statements()
 				stmts = append(stmts,
-					Stmt{SQL: a.Table(&ts.One).Insert, Args: []any{c.Row.Prefix, c.Row.Key, a.Interval(c.Row), a.ClockParam()}},
+					Stmt{SQL: a.tableFor(&ts.One).Insert, Args: []any{c.Row.Prefix, c.Row.Key, a.Interval(c.Row), a.clock}},
 					Stmt{SQL: ts.Hold, Args: []any{c.Row.Prefix, c.Row.Key}})
 			}
 		}
@@ -465,21 +465,21 @@ func (a *Attempt) holdOthers(before bool) []Stmt {
 	return stmts
 }
 
-// SetOverride notes o as r's override, as read by a's locks.
-func (a *Attempt) SetOverride(r Row, o Override) {
+// setOverride notes o as r's override, as read by a's locks.
+func (a *Attempt) setOverride(r Row, o Override) {
 	if a.overrides == nil {
 		a.overrides = make(map[Row]Override, 1)
 	}
 	a.overrides[r] = o
 }
 
-// OverrideRead is the statement that reads r's override into a after r's
+// overrideRead is the statement that reads r's override into a after r's
 // lock, when a reads overrides and its locks do not (Citus); else none.
-func (a *Attempt) OverrideRead(r Row) []Stmt {
-	if !a.readsOverrides || a.InlineOverrides() {
+func (a *Attempt) overrideRead(r Row) []Stmt {
+	if !a.readsOverrides || a.inlineOverrides() {
 		return nil
 	}
-	return []Stmt{ReadOverride(r, func(o Override) { a.SetOverride(r, o) })}
+	return []Stmt{ReadOverride(r, func(o Override) { a.setOverride(r, o) })}
 }
 
 // policyOf is the policy that decides c in a: its key's override's, while

@@ -41,40 +41,40 @@ type OneRow struct{}
 // Insert inserts the missing rows as placeholders, one statement each.
 func (OneRow) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: a.Table(&s.Statements().One).Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}}
+		return Stmt{SQL: a.tableFor(&s.Statements().One).Insert, Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}}
 	})
 }
 
 // Lock locks each row, with its grants when a reads them.
 func (OneRow) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	sql, scan := a.LockSQL(&s.Statements().One, s), a.scanInto(s)
+	sql, scan := a.lockSQL(&s.Statements().One, s), a.scanInto(s)
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.ClockParam()}, Scan: scan}
+		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.clock}, Scan: scan}
 	})
 }
 
 // Relock upserts and locks each row a cleanup deleted meanwhile.
 func (OneRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	sql, scan := a.RelockSQL(&s.Statements().One, s), a.scanInto(s)
+	sql, scan := a.relockSQL(&s.Statements().One, s), a.scanInto(s)
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.Interval(r), a.ClockParam()}, Scan: scan}
+		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}, Scan: scan}
 	})
 }
 
 // Update writes each row as decided.
 func (OneRow) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
-		return Stmt{SQL: a.Table(&s.Statements().One).Update, Args: a.UpdateArgs(r)}
+		return Stmt{SQL: a.tableFor(&s.Statements().One).Update, Args: a.updateArgs(r)}
 	})
 }
 
-// UpdateArgs are the parameters of the one-row UPDATE of r's bucket as
+// updateArgs are the parameters of the one-row UPDATE of r's bucket as
 // decided (and of its copy of the key's override, as resolved by its lock,
 // when a's locks read them: see sqlgen.Table.Overrides).
-func (a *Attempt) UpdateArgs(r Row) []any {
+func (a *Attempt) updateArgs(r Row) []any {
 	b := a.state[r].Bucket
 	args := []any{r.Prefix, r.Key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
-	if a.InlineOverrides() {
+	if a.inlineOverrides() {
 		c, rf, until := a.overrideCopy(r)
 		args = append(args, c, rf, until)
 	}
@@ -132,15 +132,15 @@ func perRow(rows []Row, f func(r Row) Stmt) []Stmt {
 type arrays struct{}
 
 func (arrays) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.Table(&s.Statements().Many).Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.ClockParam()}}}
+	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}}}
 }
 
 func (arrays) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.LockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.ClockParam()}, Scan: a.scanInto(s)}}
+	return []Stmt{{SQL: a.lockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.clock}, Scan: a.scanInto(s)}}
 }
 
 func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.RelockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.ClockParam()}, Scan: a.scanInto(s)}}
+	return []Stmt{{SQL: a.relockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, Scan: a.scanInto(s)}}
 }
 
 func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
@@ -151,7 +151,7 @@ func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
 		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
 	}
-	if a.InlineOverrides() {
+	if a.inlineOverrides() {
 		caps, refills, untils := make([]int64, len(rows)), make([]int64, len(rows)), make([]string, len(rows))
 		for i, r := range rows {
 			caps[i], refills[i], untils[i] = a.overrideCopy(r)
@@ -161,7 +161,7 @@ func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 			sqlgen.Int64Array(len(rows), func(i int) int64 { return refills[i] }),
 			sqlgen.TextArray(len(rows), func(i int) string { return untils[i] }))
 	}
-	return []Stmt{{SQL: a.Table(&s.Statements().Many).Update, Args: args}}
+	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args}}
 }
 
 func (arrays) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {
@@ -194,27 +194,27 @@ func (arrays) Settings() []string {
 func (arrays) Clock(*Attempt) []Stmt { return nil }
 func (arrays) Guard(*Attempt) []Stmt { return nil }
 
-// Table is ts, or ts.Data when a's locks read the rows' leases column (a
+// tableFor is ts, or ts.Data when a's locks read the rows' leases column (a
 // charge is a Part's), or their Overrides when they read the rows'
 // overrides (and its inserts fill new rows' overrides).
-func (a *Attempt) Table(ts *sqlgen.Table) *sqlgen.Table {
+func (a *Attempt) tableFor(ts *sqlgen.Table) *sqlgen.Table {
 	if a.readsData {
 		ts = ts.Data
 	}
-	if a.InlineOverrides() && ts.Overrides != nil {
+	if a.inlineOverrides() && ts.Overrides != nil {
 		ts = ts.Overrides
 	}
 	return ts
 }
 
-// LockSQL is the locking statement of ts for a's lock mode, reading grants
-// when a does for rows of s (and the leases column, see Table).
-func (a *Attempt) LockSQL(ts *sqlgen.Table, s Storage) string {
-	ts = a.Table(ts)
+// lockSQL is the locking statement of ts for a's lock mode, reading grants
+// when a does for rows of s (and the leases column, see tableFor).
+func (a *Attempt) lockSQL(ts *sqlgen.Table, s Storage) string {
+	ts = a.tableFor(ts)
 	switch skip := a.mode != WaitLocks; {
-	case a.WithGrants(s) && skip:
+	case a.readsGrants(s) && skip:
 		return ts.LockSkipGrants
-	case a.WithGrants(s):
+	case a.readsGrants(s):
 		return ts.LockGrants
 	case skip:
 		return ts.LockSkip
@@ -222,11 +222,11 @@ func (a *Attempt) LockSQL(ts *sqlgen.Table, s Storage) string {
 	return ts.Lock
 }
 
-// RelockSQL is the relock statement of ts, reading grants when a does for
+// relockSQL is the relock statement of ts, reading grants when a does for
 // rows of s.
-func (a *Attempt) RelockSQL(ts *sqlgen.Table, s Storage) string {
-	ts = a.Table(ts)
-	if a.WithGrants(s) {
+func (a *Attempt) relockSQL(ts *sqlgen.Table, s Storage) string {
+	ts = a.tableFor(ts)
+	if a.readsGrants(s) {
 		return ts.RelockGrants
 	}
 	return ts.Relock

@@ -584,6 +584,10 @@ WHERE prefix = $1 AND key = $2 AND at >= $3::text::timestamptz ORDER BY at, id`
 	return req, led
 }()
 
+// Clock reads the database's clock, for shapes whose locking statements do
+// not (Citus through the coordinator).
+const Clock = `SELECT clock_timestamp()`
+
 // LockShards takes the metadata locks of the Citus shards $1 (an array of
 // shard IDs), ShareLock: what Citus's executor takes before it writes to a
 // shard, and what a shard move waits for.
