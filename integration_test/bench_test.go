@@ -49,3 +49,37 @@ func benchAllowN(b *testing.B, mode string, storage pgratelimit.Storage, keys in
 		})
 	})
 }
+
+// BenchmarkLeasePair measures lease pairs through one Semaphore from
+// parallel goroutines: Acquire of weight 1 on one of 10,000 keys, then
+// Release of that lease, coalesced, as 'pgratelimit bench --workload leases'
+// runs them.
+func BenchmarkLeasePair(b *testing.B) {
+	const keys = 10000
+	s := testdb.NewSchema(b)
+	sem, err := pgratelimit.NewSemaphore(s.Pool(b, 32), pgratelimit.SemaphoreConfig{
+		Prefix: "bench", Max: 1 << 20, TTL: time.Minute,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			key := "k" + strconv.Itoa(rand.IntN(keys))
+			r, err := sem.Acquire(ctx, key, 1)
+			if err == nil && !r.Allowed {
+				b.Errorf("acquire %s: denied", key)
+			}
+			if err == nil {
+				err = sem.Release(ctx, key, r.Lease.ID)
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
