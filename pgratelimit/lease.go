@@ -387,8 +387,7 @@ func (s *Semaphore) request(ctx context.Context, id string, kind lease.Kind, key
 // leaseOp is a request of one lease operation, its charge and its call, in
 // one allocation.
 type leaseOp struct {
-	q    engine.Request
-	c    [1]engine.Charge
+	oneCharge
 	call lease.Call
 }
 

@@ -94,19 +94,24 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 // allowAll is AllowAll in tx (nil: in a transaction of the charges' own).
 func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error) {
 	start := time.Now()
-	cl, _, err := newCall(ctx, tx, charges)
-	if err != nil {
-		record(ctx, start, MultiResult{}, err, charges)
-		return MultiResult{}, err
-	}
+	cl, err := decideCall(ctx, tx, charges)
 	var m MultiResult
-	err = cl.run(charges, tx)
 	if err == nil {
 		m = cl.result()
 		cl.recordLeases(charges, m)
 	}
 	record(ctx, start, m, err, charges)
 	return m, err
+}
+
+// decideCall validates charges and decides them, in tx (nil: in a
+// transaction of the charges' own).
+func decideCall(ctx context.Context, tx *Tx, charges []Charge) (call, error) {
+	cl, _, err := newCall(ctx, tx, charges)
+	if err != nil {
+		return call{}, err
+	}
+	return cl, cl.run(charges, tx)
 }
 
 // coalesces says whether every charged limiter and semaphore coalesces.
@@ -259,10 +264,15 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 	if err != nil {
 		return call{}, nil, err
 	}
-	cl := call{q: &engine.Request{Ctx: ctx, Kind: account.OpCharge, ID: id, Charges: make([]engine.Charge, 0, len(charges))}}
-	if len(charges) > 1 {
+	var cl call
+	if len(charges) == 1 { // a check: its request and charge in one allocation
+		one := &oneCharge{}
+		cl.q, one.q.Charges = &one.q, one.c[:0]
+	} else {
+		cl.q = &engine.Request{Charges: make([]engine.Charge, 0, len(charges))}
 		cl.of = make([]int, len(charges))
 	}
+	cl.q.Ctx, cl.q.Kind, cl.q.ID = ctx, account.OpCharge, id
 	for i, c := range charges {
 		if (c.lim == nil) == (c.sem == nil) {
 			return call{}, nil, badArg(ErrInvalidArgument, "charge %d is not made by Limiter.Charge or Semaphore.Charge (of a non-nil limiter or semaphore)", i)
@@ -281,6 +291,12 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 		}
 	}
 	return cl, charges[0].lim, nil
+}
+
+// oneCharge is a request of one charge, and that charge.
+type oneCharge struct {
+	q engine.Request
+	c [1]engine.Charge
 }
 
 // same checks that charge i, c, runs where first does: on its pool, and in
