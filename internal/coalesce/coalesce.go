@@ -44,14 +44,23 @@ const (
 )
 
 // pending is a check in the coalescer, until it is decided (done).
+// Pendings are recycled (pendings) once their Do has received done.
 type pending struct {
 	req  *engine.Request
 	set  engine.Settings            // the first charge's limiter's
 	seen func(context.Context, int) // told the size of its batch; may be nil
 	rows []engine.Row
 	one  [1]engine.Row // rows' array for a request of one charge
-	done chan struct{}
+	done chan struct{} // sent to once (buffered: the sender never waits)
 }
+
+// pendings recycles pendings and their channels: a check would allocate
+// both otherwise.
+var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
+
+// decided tells p's Do that p is decided (or failed): it is the last use
+// of p by anyone but that Do.
+func (p *pending) decided() { p.done <- struct{}{} }
 
 // lane is one transaction of parked checks, run when the lanes before it on
 // its rows (deps) are done.
@@ -107,7 +116,8 @@ func (c *Coalescer) Wait() { c.goroutines.Wait() }
 // q's error (its outcome is in q), or its context's as soon as it ends.
 // seen, if not nil, is told the size of the batch q went in.
 func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context.Context, int)) error {
-	p := &pending{req: q, set: set, seen: seen, done: make(chan struct{})}
+	p := pendings.Get().(*pending)
+	p.req, p.set, p.seen = q, set, seen
 	if len(q.Charges) == 1 { // the usual check: its row in p, no slice of its own
 		p.one[0] = q.Charges[0].Row
 		p.rows = p.one[:]
@@ -119,6 +129,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	case len(c.queue) > 0:
 		if len(c.queue) >= c.slots*maxBatch*queueFactor {
 			c.mu.Unlock()
+			p.recycle()
 			return engine.RunAlone(c.pool, q, set, "check")
 		}
 		c.queue = append(c.queue, p)
@@ -146,11 +157,13 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	}
 	select {
 	case <-p.done:
+		p.recycle()
 		if q.Err != nil && q.Ctx.Err() != nil {
 			return q.Ctx.Err() // the caller's own deadline, not the batch's
 		}
 		return q.Err
 	case <-q.Ctx.Done():
+		// p is not recycled: its batch or lane may still tell it.
 		c.mu.Lock()
 		c.queue = slices.DeleteFunc(c.queue, func(o *pending) bool { return o == p })
 		c.mu.Unlock()
@@ -160,6 +173,12 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 		// spent.
 		return q.Ctx.Err()
 	}
+}
+
+// recycle puts p back in pendings, once no batch or lane holds it.
+func (p *pending) recycle() {
+	*p = pending{done: p.done}
+	pendings.Put(p)
 }
 
 func (c *Coalescer) anyParked(rows []engine.Row) bool {
@@ -284,7 +303,7 @@ func (c *Coalescer) finish(batch []*pending, deferred []*engine.Request, err err
 		case err != nil:
 			p.req.Err = engine.DBError("coalesced check", err)
 		}
-		close(p.done)
+		p.decided()
 	}
 }
 
@@ -398,7 +417,7 @@ func (c *Coalescer) runLane(ln *lane) {
 		if err != nil {
 			p.req.Err = engine.DBError("check", err)
 		}
-		close(p.done)
+		p.decided()
 	}
 	close(ln.done)
 }
