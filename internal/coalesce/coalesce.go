@@ -86,6 +86,9 @@ type Coalescer struct {
 	inflight map[engine.Row]int   // rows of the batches in flight
 	parked   map[engine.Row]*lane // each row's last lane
 	lanes    chan struct{}        // lane transactions in flight, at most cap(lanes)
+	// held and mine are formLocked's, kept between its calls so that
+	// forming a batch allocates no maps.
+	held, mine map[engine.Row]bool
 }
 
 // New returns a Coalescer that runs up to slots batches at once on pool.
@@ -95,6 +98,8 @@ func New(pool *pgxpool.Pool, slots int) *Coalescer {
 		slots:    slots,
 		inflight: make(map[engine.Row]int),
 		parked:   make(map[engine.Row]*lane),
+		held:     make(map[engine.Row]bool),
+		mine:     make(map[engine.Row]bool),
 		// Lanes wait for row locks on connections of their own: leave the
 		// batches theirs.
 		lanes: make(chan struct{}, max(int(pool.Config().MaxConns)-slots, 1)),
@@ -224,7 +229,8 @@ func (c *Coalescer) work(batch []*pending) {
 // batch, while each finds a full batch waiting. It returns the batches that
 // may start once it is done.
 func (c *Coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
-	bc := &batchChain{c: c, chain: chain, runs: make(map[*engine.Plan]running, 2)}
+	bc := &batchChain{c: c, chain: chain}
+	bc.runs = bc.two[:0]
 	first, ctx := bc.start(batch)
 	engine.RunChain(ctx, c.pool, first, bc)
 
@@ -238,22 +244,34 @@ func (c *Coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
 // the next batch from the queue and delivers each one's outcomes.
 type batchChain struct {
 	c     *Coalescer
-	chain bool // let batches follow the first
-	runs  map[*engine.Plan]running
+	chain bool      // let batches follow the first
+	runs  []running // the batches under way: one, and the next once formed
+	two   [2]running
 }
 
-// running is a batch in a chain, with the context it runs in.
+// running is a batch in a chain, with its plan and the context it runs in.
 type running struct {
+	plan   *engine.Plan
 	batch  []*pending
 	ctx    context.Context
 	cancel context.CancelFunc
+}
+
+// run is the batch of plan p.
+func (bc *batchChain) run(p *engine.Plan) running {
+	for _, r := range bc.runs {
+		if r.plan == p {
+			return r
+		}
+	}
+	return running{}
 }
 
 // start plans batch as a transaction that skips locked rows.
 func (bc *batchChain) start(batch []*pending) (*engine.Plan, context.Context) {
 	ctx, cancel := batchContext(batch)
 	p := engine.NewPlan(requests(batch), batch[0].set, true, engine.SkipLocked)
-	bc.runs[p] = running{batch, ctx, cancel}
+	bc.runs = append(bc.runs, running{p, batch, ctx, cancel})
 	return p, ctx
 }
 
@@ -269,8 +287,8 @@ func (bc *batchChain) Next(after *engine.Plan, deferred []*engine.Request) (*eng
 	c := bc.c
 	c.mu.Lock()
 	var b []*pending
-	if len(c.queue) >= len(bc.runs[after].batch) {
-		b = c.formLocked(bc.runs[after].batch)
+	if a := bc.run(after).batch; len(c.queue) >= len(a) {
+		b = c.formLocked(a)
 	}
 	c.mu.Unlock()
 	if len(b) == 0 {
@@ -280,8 +298,8 @@ func (bc *batchChain) Next(after *engine.Plan, deferred []*engine.Request) (*eng
 }
 
 func (bc *batchChain) Done(p *engine.Plan, deferred []*engine.Request, err error) {
-	r := bc.runs[p]
-	delete(bc.runs, p)
+	r := bc.run(p)
+	bc.runs = slices.DeleteFunc(bc.runs, func(r running) bool { return r.plan == p })
 	if seen := r.batch[0].seen; seen != nil {
 		seen(r.ctx, len(r.batch))
 	}
@@ -327,8 +345,9 @@ func (c *Coalescer) formBatchesLocked() [][]*pending {
 // before it. Checks of parked rows join their lanes.
 func (c *Coalescer) formLocked(after []*pending) []*pending {
 	var batch, keep []*pending
-	held := make(map[engine.Row]bool)
-	mine := make(map[engine.Row]bool) // rows this batch's checks may share
+	held, mine := c.held, c.mine // mine: rows this batch's checks may share
+	clear(held)
+	clear(mine)
 	for _, p := range after {
 		for _, r := range p.rows {
 			mine[r] = true
@@ -346,6 +365,9 @@ func (c *Coalescer) formLocked(after []*pending) []*pending {
 			continue
 		case !slices.ContainsFunc(p.rows, func(r engine.Row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
 			(len(batch) == 0 || p.set == batch[0].set && (!p.set.Dialect.OneRowBatches() || slices.Equal(p.rows, batch[0].rows))):
+			if batch == nil {
+				batch = make([]*pending, 0, min(len(c.queue)-i, maxBatch))
+			}
 			batch = append(batch, p)
 			for _, r := range p.rows {
 				mine[r] = true
