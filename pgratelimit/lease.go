@@ -246,10 +246,12 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	if id == "" {
 		id = rand.Text()
 	}
-	q, call := s.request(ctx, id, lease.Acquire, key, weight)
+	op := s.request(ctx, id, lease.Acquire, key, weight)
+	q, call := &op.q, &op.call
 	if err := s.run(q, func() string { return "acquire a lease of " + quoteKey(key) }); err != nil {
 		return LeaseResult{}, err
 	}
+	defer op.recycle()
 	if !q.Charges[0].NoInsert { // else its row was known: nothing to note
 		s.decided(key, call)
 	}
@@ -295,8 +297,12 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	if why := checkText(id, maxRequestIDLen); why != "" {
 		return lease.Outcome{}, badArg(ErrInvalidRequestID, "%s", why)
 	}
-	q, call := s.request(ctx, id, kind, key, 1)
+	op := s.request(ctx, id, kind, key, 1)
+	q, call := &op.q, &op.call
 	err := s.run(q, func() string { return verb + " lease " + strconv.Quote(id) + " of " + quoteKey(key) })
+	if err == nil {
+		defer op.recycle()
+	}
 	decided := errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrNotFound)
 	var out lease.Outcome
 	if err == nil || decided {
@@ -376,19 +382,29 @@ func (s *Semaphore) decided(key string, call *lease.Call) {
 
 // request is a request of one operation of kind on key, with its call of
 // lease id.
-func (s *Semaphore) request(ctx context.Context, id string, kind lease.Kind, key string, weight int64) (*engine.Request, *lease.Call) {
-	op := &leaseOp{call: lease.Call{ID: id}}
+func (s *Semaphore) request(ctx context.Context, id string, kind lease.Kind, key string, weight int64) *leaseOp {
+	op := leaseOps.Get().(*leaseOp)
+	op.call.ID = id
 	op.c[0] = s.charge(kind, key, weight)
 	op.c[0].Call = &op.call
 	op.q = engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: op.c[:]}
-	return &op.q, &op.call
+	return op
 }
 
 // leaseOp is a request of one lease operation, its charge and its call, in
-// one allocation.
+// one allocation, recycled (leaseOps) as a oneCharge is: once its operation
+// has returned without an error.
 type leaseOp struct {
 	oneCharge
 	call lease.Call
+}
+
+var leaseOps = sync.Pool{New: func() any { return new(leaseOp) }}
+
+// recycle puts op back in leaseOps; op is not used after.
+func (op *leaseOp) recycle() {
+	*op = leaseOp{}
+	leaseOps.Put(op)
 }
 
 // settings are what a transaction of s's operations shares with others.

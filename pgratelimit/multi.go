@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -99,6 +100,7 @@ func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error
 	if err == nil {
 		m = cl.result()
 		cl.recordLeases(charges, m)
+		cl.recycle()
 	}
 	record(ctx, start, m, err, charges)
 	return m, err
@@ -156,6 +158,7 @@ type call struct {
 	q     *engine.Request
 	of    []int       // Charge i of the call is q.Charges[of[i]]; nil: one Charge
 	lease *lease.Call // the call's lease charges' (nil: none)
+	one   *oneCharge  // q's, for a call of one Charge (see recycle)
 }
 
 // result is the outcome of a decided call, one Result per Charge given.
@@ -265,9 +268,9 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 		return call{}, nil, err
 	}
 	var cl call
-	if len(charges) == 1 { // a check: its request and charge in one allocation
-		one := &oneCharge{}
-		cl.q, one.q.Charges = &one.q, one.c[:0]
+	if len(charges) == 1 { // a check: its request and charge in one, recycled
+		cl.one = oneCharges.Get().(*oneCharge)
+		cl.q, cl.one.q.Charges = &cl.one.q, cl.one.c[:0]
 	} else {
 		cl.q = &engine.Request{Charges: make([]engine.Charge, 0, len(charges))}
 		cl.of = make([]int, len(charges))
@@ -293,10 +296,24 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 	return cl, charges[0].lim, nil
 }
 
-// oneCharge is a request of one charge, and that charge.
+// oneCharge is a request of one charge, and that charge, in one
+// allocation. It is recycled (oneCharges) once its call has returned
+// without an error: then nothing else holds it (on an error, a coalesced
+// batch may still be deciding it, its caller's context having ended).
 type oneCharge struct {
 	q engine.Request
 	c [1]engine.Charge
+}
+
+var oneCharges = sync.Pool{New: func() any { return new(oneCharge) }}
+
+// recycle puts cl's request back in oneCharges, if it came from there; cl
+// is not used after.
+func (cl call) recycle() {
+	if cl.one != nil {
+		*cl.one = oneCharge{}
+		oneCharges.Put(cl.one)
+	}
 }
 
 // same checks that charge i, c, runs where first does: on its pool, and in

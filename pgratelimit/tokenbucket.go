@@ -455,6 +455,7 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, e
 		return Result{}, err
 	}
 	r := decidedResult(cl.q.Outcomes[0]) // AllowAll's Results[0]
+	cl.recycle()
 	if l.deny != nil && l.tx == nil && !m.Allowed {
 		l.deny.store(key, cost, r, sent)
 	}
