@@ -251,7 +251,7 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	if err := s.run(q, func() string { return "acquire a lease of " + quoteKey(key) }); err != nil {
 		return LeaseResult{}, err
 	}
-	defer op.recycle()
+	defer s.recycle(op)
 	if !q.Charges[0].NoInsert { // else its row was known: nothing to note
 		s.decided(key, call)
 	}
@@ -301,7 +301,7 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	q, call := &op.q, &op.call
 	err := s.run(q, func() string { return verb + " lease " + strconv.Quote(id) + " of " + quoteKey(key) })
 	if err == nil {
-		defer op.recycle()
+		defer s.recycle(op)
 	}
 	decided := errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrNotFound)
 	var out lease.Outcome
@@ -383,7 +383,10 @@ func (s *Semaphore) decided(key string, call *lease.Call) {
 // request is a request of one operation of kind on key, with its call of
 // lease id.
 func (s *Semaphore) request(ctx context.Context, id string, kind lease.Kind, key string, weight int64) *leaseOp {
-	op := leaseOps.Get().(*leaseOp)
+	op, _ := s.client.leaseOps.Get().(*leaseOp)
+	if op == nil {
+		op = new(leaseOp)
+	}
 	op.call.ID = id
 	op.c[0] = s.charge(kind, key, weight)
 	op.c[0].Call = &op.call
@@ -392,19 +395,18 @@ func (s *Semaphore) request(ctx context.Context, id string, kind lease.Kind, key
 }
 
 // leaseOp is a request of one lease operation, its charge and its call, in
-// one allocation, recycled (leaseOps) as a oneCharge is: once its operation
-// has returned without an error.
+// one allocation, recycled (Client.leaseOps) as a oneCharge is: once its
+// operation has returned without an error.
 type leaseOp struct {
 	oneCharge
 	call lease.Call
 }
 
-var leaseOps = sync.Pool{New: func() any { return new(leaseOp) }}
-
-// recycle puts op back in leaseOps; op is not used after.
-func (op *leaseOp) recycle() {
+// recycle puts op, of s, back in its client's leaseOps; op is not used
+// after.
+func (s *Semaphore) recycle(op *leaseOp) {
 	*op = leaseOp{}
-	leaseOps.Put(op)
+	s.client.leaseOps.Put(op)
 }
 
 // settings are what a transaction of s's operations shares with others.

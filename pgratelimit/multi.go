@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -159,6 +158,7 @@ type call struct {
 	of    []int       // Charge i of the call is q.Charges[of[i]]; nil: one Charge
 	lease *lease.Call // the call's lease charges' (nil: none)
 	one   *oneCharge  // q's, for a call of one Charge (see recycle)
+	from  *Client     // where one came from
 }
 
 // result is the outcome of a decided call, one Result per Charge given.
@@ -268,12 +268,19 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 		return call{}, nil, err
 	}
 	var cl call
-	if len(charges) == 1 { // a check: its request and charge in one, recycled
-		cl.one = oneCharges.Get().(*oneCharge)
+	if c := charges[0]; len(charges) == 1 && (c.lim == nil) != (c.sem == nil) {
+		// A check: its request and charge in one, recycled.
+		cl.from, _ = c.owner()
+		cl.one, _ = cl.from.ones.Get().(*oneCharge)
+		if cl.one == nil {
+			cl.one = new(oneCharge)
+		}
 		cl.q, cl.one.q.Charges = &cl.one.q, cl.one.c[:0]
 	} else {
 		cl.q = &engine.Request{Charges: make([]engine.Charge, 0, len(charges))}
-		cl.of = make([]int, len(charges))
+		if len(charges) > 1 {
+			cl.of = make([]int, len(charges))
+		}
 	}
 	cl.q.Ctx, cl.q.Kind, cl.q.ID = ctx, account.OpCharge, id
 	for i, c := range charges {
@@ -297,7 +304,7 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 }
 
 // oneCharge is a request of one charge, and that charge, in one
-// allocation. It is recycled (oneCharges) once its call has returned
+// allocation. It is recycled (Client.ones) once its call has returned
 // without an error: then nothing else holds it (on an error, a coalesced
 // batch may still be deciding it, its caller's context having ended).
 type oneCharge struct {
@@ -305,14 +312,12 @@ type oneCharge struct {
 	c [1]engine.Charge
 }
 
-var oneCharges = sync.Pool{New: func() any { return new(oneCharge) }}
-
-// recycle puts cl's request back in oneCharges, if it came from there; cl
-// is not used after.
+// recycle puts cl's request back in its client's ones, if it came from
+// there; cl is not used after.
 func (cl call) recycle() {
 	if cl.one != nil {
 		*cl.one = oneCharge{}
-		oneCharges.Put(cl.one)
+		cl.from.ones.Put(cl.one)
 	}
 }
 

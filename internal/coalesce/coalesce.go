@@ -44,7 +44,8 @@ const (
 )
 
 // pending is a check in the coalescer, until it is decided (done).
-// Pendings are recycled (pendings) once their Do has received done.
+// Pendings are recycled (Coalescer.pendings) once their Do has received
+// done.
 type pending struct {
 	req  *engine.Request
 	set  engine.Settings            // the first charge's limiter's
@@ -53,10 +54,6 @@ type pending struct {
 	one  [1]engine.Row // rows' array for a request of one charge
 	done chan struct{} // sent to once (buffered: the sender never waits)
 }
-
-// pendings recycles pendings and their channels: a check would allocate
-// both otherwise.
-var pendings = sync.Pool{New: func() any { return &pending{done: make(chan struct{}, 1)} }}
 
 // decided tells p's Do that p is decided (or failed): it is the last use
 // of p by anyone but that Do.
@@ -89,6 +86,10 @@ type Coalescer struct {
 	// held and mine are formLocked's, kept between its calls so that
 	// forming a batch allocates no maps.
 	held, mine map[engine.Row]bool
+
+	// pendings recycles pendings and their channels: a check would
+	// allocate both otherwise.
+	pendings sync.Pool
 }
 
 // New returns a Coalescer that runs up to slots batches at once on pool.
@@ -121,7 +122,10 @@ func (c *Coalescer) Wait() { c.goroutines.Wait() }
 // q's error (its outcome is in q), or its context's as soon as it ends.
 // seen, if not nil, is told the size of the batch q went in.
 func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context.Context, int)) error {
-	p := pendings.Get().(*pending)
+	p, _ := c.pendings.Get().(*pending)
+	if p == nil {
+		p = &pending{done: make(chan struct{}, 1)}
+	}
 	p.req, p.set, p.seen = q, set, seen
 	if len(q.Charges) == 1 { // the usual check: its row in p, no slice of its own
 		p.one[0] = q.Charges[0].Row
@@ -134,7 +138,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	case len(c.queue) > 0:
 		if len(c.queue) >= c.slots*maxBatch*queueFactor {
 			c.mu.Unlock()
-			p.recycle()
+			c.recycle(p)
 			return engine.RunAlone(c.pool, q, set, "check")
 		}
 		c.queue = append(c.queue, p)
@@ -162,7 +166,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	}
 	select {
 	case <-p.done:
-		p.recycle()
+		c.recycle(p)
 		if q.Err != nil && q.Ctx.Err() != nil {
 			return q.Ctx.Err() // the caller's own deadline, not the batch's
 		}
@@ -180,10 +184,10 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	}
 }
 
-// recycle puts p back in pendings, once no batch or lane holds it.
-func (p *pending) recycle() {
+// recycle puts p back in c.pendings, once no batch or lane holds it.
+func (c *Coalescer) recycle(p *pending) {
 	*p = pending{done: p.done}
-	pendings.Put(p)
+	c.pendings.Put(p)
 }
 
 func (c *Coalescer) anyParked(rows []engine.Row) bool {
