@@ -102,7 +102,7 @@ test-pg-versions: ## The integration suite on PostgreSQL 14 and 18 too (server b
 bench-peers: ## Compare pgratelimit with pgbench, rate-limiter-flexible and redis_rate (checks), and with a Redis counting semaphore (leases), on a throwaway PostgreSQL and Redis (see bench/README.md).
 	bash bench/peers.sh
 
-bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages.
+bench: ## Go benchmarks of AllowN on many keys and one hot key, both storages, and of lease pairs, with the client's CPU per op.
 	cd integration_test && $(GO) test -run '^$$' -bench . -benchtime 3s -count 1 -timeout 60m ./...
 
 .PHONY: help db demo test test-install test-integration test-pg-versions test-walk lint fuzz bench bench-peers

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,7 +37,7 @@ func benchAllowN(b *testing.B, mode string, storage pgratelimit.Storage, keys in
 			b.Fatal(err)
 		}
 		b.SetParallelism(16)
-		b.ResetTimer()
+		cpu := clientCPU(b)
 		b.RunParallel(func(pb *testing.PB) {
 			ctx := context.Background()
 			for pb.Next() {
@@ -47,5 +48,71 @@ func benchAllowN(b *testing.B, mode string, storage pgratelimit.Storage, keys in
 				}
 			}
 		})
+		cpu.report()
 	})
+}
+
+// BenchmarkLeasePair measures lease pairs through one Semaphore from
+// parallel goroutines: Acquire of weight 1 on one of 10,000 keys, then
+// Release of that lease, coalesced, as 'pgratelimit bench --workload leases'
+// runs them.
+func BenchmarkLeasePair(b *testing.B) {
+	const keys = 10000
+	s := testdb.NewSchema(b)
+	sem, err := pgratelimit.NewSemaphore(s.Pool(b, 32), pgratelimit.SemaphoreConfig{
+		Prefix: "bench", Max: 1 << 20, TTL: time.Minute,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(16)
+	cpu := clientCPU(b)
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			key := "k" + strconv.Itoa(rand.IntN(keys))
+			r, err := sem.Acquire(ctx, key, 1)
+			if err == nil && !r.Allowed {
+				b.Errorf("acquire %s: denied", key)
+			}
+			if err == nil {
+				err = sem.Release(ctx, key, r.Lease.ID)
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	cpu.report()
+}
+
+// cpuSince is the CPU time this process (the client: the PostgreSQL
+// servers are processes of their own) has used since a benchmark's timer
+// was reset.
+type cpuSince struct {
+	b     *testing.B
+	start time.Duration
+}
+
+// clientCPU resets b's timer and starts counting the process's CPU time.
+func clientCPU(b *testing.B) cpuSince {
+	b.ResetTimer()
+	return cpuSince{b, processCPU(b)}
+}
+
+// report reports the process's CPU time per op since clientCPU as
+// client-µs/op: user and system time, whatever other processes run, so
+// comparable between runs on a busy machine where ns/op is not.
+func (c cpuSince) report() {
+	c.b.StopTimer()
+	c.b.ReportMetric(float64((processCPU(c.b)-c.start).Microseconds())/float64(c.b.N), "client-µs/op")
+}
+
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

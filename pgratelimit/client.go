@@ -77,6 +77,10 @@ type Client struct {
 	// The policies the client's limiters have recorded (their Record
 	// arguments, as one string): each once.
 	policies sync.Map
+
+	// ones and leaseOps recycle the requests of its calls of one charge
+	// and of its semaphores' operations (see oneCharge).
+	ones, leaseOps sync.Pool
 }
 
 // notedPolicy says whether a limiter of c has recorded the policy of args

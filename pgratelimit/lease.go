@@ -157,6 +157,9 @@ type Semaphore struct {
 	metrics *leaseInstruments
 	wake    *waker
 	rows    *knownRows // shared with its In copies
+	// parts are the lease.Part of each lease.Kind under limit, made once
+	// (a Part in a Charge's interface allocates at each use).
+	parts [lease.Extend + 1]engine.Part
 }
 
 // NewSemaphore returns a Semaphore for cfg that keeps its leases in the
@@ -189,6 +192,9 @@ func newSemaphore(c *Client, cfg SemaphoreConfig) (*Semaphore, error) {
 	}
 	s := &Semaphore{client: c, cfg: cfg, limit: lease.Limit{Max: cfg.Max, TTL: cfg.TTL},
 		metrics: newLeaseInstruments(cfg.MeterProvider, cfg.Prefix), rows: &knownRows{}}
+	for _, k := range []lease.Kind{lease.Acquire, lease.Release, lease.Extend} {
+		s.parts[k] = lease.Part{Kind: k, Limit: s.limit}
+	}
 	if cfg.Clock != nil {
 		s.clock = &engine.Clock{Now: cfg.Clock}
 	}
@@ -240,12 +246,15 @@ func (s *Semaphore) Acquire(ctx context.Context, key string, weight int64) (Leas
 	if id == "" {
 		id = rand.Text()
 	}
-	call := &lease.Call{ID: id}
-	q := s.request(ctx, call, lease.Acquire, key, weight)
+	op := s.request(ctx, id, lease.Acquire, key, weight)
+	q, call := &op.q, &op.call
 	if err := s.run(q, func() string { return "acquire a lease of " + quoteKey(key) }); err != nil {
 		return LeaseResult{}, err
 	}
-	s.decided(key, call)
+	defer s.recycle(op)
+	if !q.Charges[0].NoInsert { // else its row was known: nothing to note
+		s.decided(key, call)
+	}
 	out, _ := call.Outcome(s.row(key))
 	s.metrics.record(q.Ctx, key, q.Allowed, out)
 	res := LeaseResult{Result: resultOf(q.Outcomes[0].Outcome)}
@@ -288,9 +297,12 @@ func (s *Semaphore) change(ctx context.Context, kind lease.Kind, key, id, verb s
 	if why := checkText(id, maxRequestIDLen); why != "" {
 		return lease.Outcome{}, badArg(ErrInvalidRequestID, "%s", why)
 	}
-	call := &lease.Call{ID: id}
-	q := s.request(ctx, call, kind, key, 1)
+	op := s.request(ctx, id, kind, key, 1)
+	q, call := &op.q, &op.call
 	err := s.run(q, func() string { return verb + " lease " + strconv.Quote(id) + " of " + quoteKey(key) })
+	if err == nil {
+		defer s.recycle(op)
+	}
 	decided := errors.Is(err, lease.ErrExpired) || errors.Is(err, lease.ErrNotFound)
 	var out lease.Outcome
 	if err == nil || decided {
@@ -356,7 +368,7 @@ func (s *Semaphore) row(key string) engine.Row {
 // not seen (knownRows): a key without a row has no lease to release or
 // extend.
 func (s *Semaphore) charge(kind lease.Kind, key string, weight int64) engine.Charge {
-	return engine.Charge{Row: s.row(key), Cost: weight, Part: lease.Part{Kind: kind, Limit: s.limit},
+	return engine.Charge{Row: s.row(key), Cost: weight, Part: s.parts[kind],
 		NoInsert: kind != lease.Acquire || s.rows.has(key)}
 }
 
@@ -368,11 +380,33 @@ func (s *Semaphore) decided(key string, call *lease.Call) {
 	}
 }
 
-// request is a request of one operation of kind on key, with call.
-func (s *Semaphore) request(ctx context.Context, call *lease.Call, kind lease.Kind, key string, weight int64) *engine.Request {
-	c := s.charge(kind, key, weight)
-	c.Call = call
-	return &engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: []engine.Charge{c}}
+// request is a request of one operation of kind on key, with its call of
+// lease id.
+func (s *Semaphore) request(ctx context.Context, id string, kind lease.Kind, key string, weight int64) *leaseOp {
+	op, _ := s.client.leaseOps.Get().(*leaseOp)
+	if op == nil {
+		op = new(leaseOp)
+	}
+	op.call.ID = id
+	op.c[0] = s.charge(kind, key, weight)
+	op.c[0].Call = &op.call
+	op.q = engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: op.c[:]}
+	return op
+}
+
+// leaseOp is a request of one lease operation, its charge and its call, in
+// one allocation, recycled (Client.leaseOps) as a oneCharge is: once its
+// operation has returned without an error.
+type leaseOp struct {
+	oneCharge
+	call lease.Call
+}
+
+// recycle puts op, of s, back in its client's leaseOps; op is not used
+// after.
+func (s *Semaphore) recycle(op *leaseOp) {
+	*op = leaseOp{}
+	s.client.leaseOps.Put(op)
 }
 
 // settings are what a transaction of s's operations shares with others.

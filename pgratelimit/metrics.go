@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/alert"
@@ -179,12 +180,16 @@ func (in *eventInstruments) emitted(ctx context.Context, prefix string, k alert.
 // leaseInstruments are a semaphore's OpenTelemetry instruments, with its
 // attribute set (the prefix alone: keys would be unbounded) made once, and
 // the leases it counts as held, so that each is counted once however often
-// it is replayed or released.
+// it is replayed or released. While held records nothing (no
+// MeterProvider installed) it keeps no lease: a sync.Map entry per
+// acquisition and its lookup at each release would cost more than
+// anything else a lease's client side does in Go.
 type leaseInstruments struct {
 	held   metric.Int64UpDownCounter
 	denied metric.Int64Counter
 	add    []metric.AddOption
-	leases sync.Map // heldLease -> weight
+	leases sync.Map     // heldLease -> weight
+	n      atomic.Int64 // entries of leases, counted before they are stored
 }
 
 // heldLease names a lease this process holds.
@@ -212,7 +217,13 @@ func (in *leaseInstruments) record(ctx context.Context, key string, acquired boo
 		in.denied.Add(ctx, 1, in.add...)
 		return
 	}
-	if _, had := in.leases.LoadOrStore(heldLease{key, out.Lease.ID}, out.Lease.Weight); !had {
+	if !in.held.Enabled(ctx) {
+		return // nothing would count it, nor its release
+	}
+	in.n.Add(1)
+	if _, had := in.leases.LoadOrStore(heldLease{key, out.Lease.ID}, out.Lease.Weight); had {
+		in.n.Add(-1)
+	} else {
 		in.held.Add(ctx, out.Lease.Weight, in.add...)
 	}
 }
@@ -220,7 +231,11 @@ func (in *leaseInstruments) record(ctx context.Context, key string, acquired boo
 // released counts lease id of key released (or found expired) by this
 // process.
 func (in *leaseInstruments) released(ctx context.Context, key, id string) {
+	if in.n.Load() == 0 {
+		return // none held: no need to look
+	}
 	if w, had := in.leases.LoadAndDelete(heldLease{key, id}); had {
+		in.n.Add(-1)
 		in.held.Add(ctx, -w.(int64), in.add...)
 	}
 }

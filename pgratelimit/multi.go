@@ -94,19 +94,25 @@ func AllowAll(ctx context.Context, charges ...Charge) (MultiResult, error) {
 // allowAll is AllowAll in tx (nil: in a transaction of the charges' own).
 func allowAll(ctx context.Context, tx *Tx, charges []Charge) (MultiResult, error) {
 	start := time.Now()
-	cl, _, err := newCall(ctx, tx, charges)
-	if err != nil {
-		record(ctx, start, MultiResult{}, err, charges)
-		return MultiResult{}, err
-	}
+	cl, err := decideCall(ctx, tx, charges)
 	var m MultiResult
-	err = cl.run(charges, tx)
 	if err == nil {
 		m = cl.result()
 		cl.recordLeases(charges, m)
+		cl.recycle()
 	}
 	record(ctx, start, m, err, charges)
 	return m, err
+}
+
+// decideCall validates charges and decides them, in tx (nil: in a
+// transaction of the charges' own).
+func decideCall(ctx context.Context, tx *Tx, charges []Charge) (call, error) {
+	cl, _, err := newCall(ctx, tx, charges)
+	if err != nil {
+		return call{}, err
+	}
+	return cl, cl.run(charges, tx)
 }
 
 // coalesces says whether every charged limiter and semaphore coalesces.
@@ -151,6 +157,8 @@ type call struct {
 	q     *engine.Request
 	of    []int       // Charge i of the call is q.Charges[of[i]]; nil: one Charge
 	lease *lease.Call // the call's lease charges' (nil: none)
+	one   *oneCharge  // q's, for a call of one Charge (see recycle)
+	from  *Client     // where one came from
 }
 
 // result is the outcome of a decided call, one Result per Charge given.
@@ -259,10 +267,22 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 	if err != nil {
 		return call{}, nil, err
 	}
-	cl := call{q: &engine.Request{Ctx: ctx, Kind: account.OpCharge, ID: id, Charges: make([]engine.Charge, 0, len(charges))}}
-	if len(charges) > 1 {
-		cl.of = make([]int, len(charges))
+	var cl call
+	if c := charges[0]; len(charges) == 1 && (c.lim == nil) != (c.sem == nil) {
+		// A check: its request and charge in one, recycled.
+		cl.from, _ = c.owner()
+		cl.one, _ = cl.from.ones.Get().(*oneCharge)
+		if cl.one == nil {
+			cl.one = new(oneCharge)
+		}
+		cl.q, cl.one.q.Charges = &cl.one.q, cl.one.c[:0]
+	} else {
+		cl.q = &engine.Request{Charges: make([]engine.Charge, 0, len(charges))}
+		if len(charges) > 1 {
+			cl.of = make([]int, len(charges))
+		}
 	}
+	cl.q.Ctx, cl.q.Kind, cl.q.ID = ctx, account.OpCharge, id
 	for i, c := range charges {
 		if (c.lim == nil) == (c.sem == nil) {
 			return call{}, nil, badArg(ErrInvalidArgument, "charge %d is not made by Limiter.Charge or Semaphore.Charge (of a non-nil limiter or semaphore)", i)
@@ -281,6 +301,24 @@ func newCall(ctx context.Context, tx *Tx, charges []Charge) (call, *Limiter, err
 		}
 	}
 	return cl, charges[0].lim, nil
+}
+
+// oneCharge is a request of one charge, and that charge, in one
+// allocation. It is recycled (Client.ones) once its call has returned
+// without an error: then nothing else holds it (on an error, a coalesced
+// batch may still be deciding it, its caller's context having ended).
+type oneCharge struct {
+	q engine.Request
+	c [1]engine.Charge
+}
+
+// recycle puts cl's request back in its client's ones, if it came from
+// there; cl is not used after.
+func (cl call) recycle() {
+	if cl.one != nil {
+		*cl.one = oneCharge{}
+		cl.from.ones.Put(cl.one)
+	}
 }
 
 // same checks that charge i, c, runs where first does: on its pool, and in

@@ -443,14 +443,23 @@ func (l *Limiter) AllowN(ctx context.Context, key string, cost int64) (Result, e
 			return r, nil
 		}
 	}
-	m, err := allowAll(ctx, l.tx, []Charge{l.Charge(key, cost)})
+	// allowAll of one charge, without a MultiResult's slice to allocate.
+	start, charges := time.Now(), []Charge{l.Charge(key, cost)}
+	cl, err := decideCall(ctx, l.tx, charges)
+	var m MultiResult
+	if err == nil {
+		m.Allowed = cl.q.Allowed
+	}
+	record(ctx, start, m, err, charges)
 	if err != nil {
 		return Result{}, err
 	}
+	r := decidedResult(cl.q.Outcomes[0]) // AllowAll's Results[0]
+	cl.recycle()
 	if l.deny != nil && l.tx == nil && !m.Allowed {
-		l.deny.store(key, cost, m.Results[0], sent)
+		l.deny.store(key, cost, r, sent)
 	}
-	return m.Results[0], nil
+	return r, nil
 }
 
 // Refund gives n tokens back to key's bucket, capped at Capacity: for example

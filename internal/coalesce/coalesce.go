@@ -44,14 +44,20 @@ const (
 )
 
 // pending is a check in the coalescer, until it is decided (done).
+// Pendings are recycled (Coalescer.pendings) once their Do has received
+// done.
 type pending struct {
 	req  *engine.Request
 	set  engine.Settings            // the first charge's limiter's
 	seen func(context.Context, int) // told the size of its batch; may be nil
 	rows []engine.Row
 	one  [1]engine.Row // rows' array for a request of one charge
-	done chan struct{}
+	done chan struct{} // sent to once (buffered: the sender never waits)
 }
+
+// decided tells p's Do that p is decided (or failed): it is the last use
+// of p by anyone but that Do.
+func (p *pending) decided() { p.done <- struct{}{} }
 
 // lane is one transaction of parked checks, run when the lanes before it on
 // its rows (deps) are done.
@@ -77,6 +83,13 @@ type Coalescer struct {
 	inflight map[engine.Row]int   // rows of the batches in flight
 	parked   map[engine.Row]*lane // each row's last lane
 	lanes    chan struct{}        // lane transactions in flight, at most cap(lanes)
+	// held and mine are formLocked's, kept between its calls so that
+	// forming a batch allocates no maps.
+	held, mine map[engine.Row]bool
+
+	// pendings recycles pendings and their channels: a check would
+	// allocate both otherwise.
+	pendings sync.Pool
 }
 
 // New returns a Coalescer that runs up to slots batches at once on pool.
@@ -86,6 +99,8 @@ func New(pool *pgxpool.Pool, slots int) *Coalescer {
 		slots:    slots,
 		inflight: make(map[engine.Row]int),
 		parked:   make(map[engine.Row]*lane),
+		held:     make(map[engine.Row]bool),
+		mine:     make(map[engine.Row]bool),
 		// Lanes wait for row locks on connections of their own: leave the
 		// batches theirs.
 		lanes: make(chan struct{}, max(int(pool.Config().MaxConns)-slots, 1)),
@@ -107,7 +122,11 @@ func (c *Coalescer) Wait() { c.goroutines.Wait() }
 // q's error (its outcome is in q), or its context's as soon as it ends.
 // seen, if not nil, is told the size of the batch q went in.
 func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context.Context, int)) error {
-	p := &pending{req: q, set: set, seen: seen, done: make(chan struct{})}
+	p, _ := c.pendings.Get().(*pending)
+	if p == nil {
+		p = &pending{done: make(chan struct{}, 1)}
+	}
+	p.req, p.set, p.seen = q, set, seen
 	if len(q.Charges) == 1 { // the usual check: its row in p, no slice of its own
 		p.one[0] = q.Charges[0].Row
 		p.rows = p.one[:]
@@ -119,6 +138,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	case len(c.queue) > 0:
 		if len(c.queue) >= c.slots*maxBatch*queueFactor {
 			c.mu.Unlock()
+			c.recycle(p)
 			return engine.RunAlone(c.pool, q, set, "check")
 		}
 		c.queue = append(c.queue, p)
@@ -146,11 +166,13 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	}
 	select {
 	case <-p.done:
+		c.recycle(p)
 		if q.Err != nil && q.Ctx.Err() != nil {
 			return q.Ctx.Err() // the caller's own deadline, not the batch's
 		}
 		return q.Err
 	case <-q.Ctx.Done():
+		// p is not recycled: its batch or lane may still tell it.
 		c.mu.Lock()
 		c.queue = slices.DeleteFunc(c.queue, func(o *pending) bool { return o == p })
 		c.mu.Unlock()
@@ -160,6 +182,12 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 		// spent.
 		return q.Ctx.Err()
 	}
+}
+
+// recycle puts p back in c.pendings, once no batch or lane holds it.
+func (c *Coalescer) recycle(p *pending) {
+	*p = pending{done: p.done}
+	c.pendings.Put(p)
 }
 
 func (c *Coalescer) anyParked(rows []engine.Row) bool {
@@ -205,7 +233,8 @@ func (c *Coalescer) work(batch []*pending) {
 // batch, while each finds a full batch waiting. It returns the batches that
 // may start once it is done.
 func (c *Coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
-	bc := &batchChain{c: c, chain: chain, runs: make(map[*engine.Plan]running, 2)}
+	bc := &batchChain{c: c, chain: chain}
+	bc.runs = bc.two[:0]
 	first, ctx := bc.start(batch)
 	engine.RunChain(ctx, c.pool, first, bc)
 
@@ -219,22 +248,34 @@ func (c *Coalescer) runBatch(batch []*pending, chain bool) [][]*pending {
 // the next batch from the queue and delivers each one's outcomes.
 type batchChain struct {
 	c     *Coalescer
-	chain bool // let batches follow the first
-	runs  map[*engine.Plan]running
+	chain bool      // let batches follow the first
+	runs  []running // the batches under way: one, and the next once formed
+	two   [2]running
 }
 
-// running is a batch in a chain, with the context it runs in.
+// running is a batch in a chain, with its plan and the context it runs in.
 type running struct {
+	plan   *engine.Plan
 	batch  []*pending
 	ctx    context.Context
 	cancel context.CancelFunc
+}
+
+// run is the batch of plan p.
+func (bc *batchChain) run(p *engine.Plan) running {
+	for _, r := range bc.runs {
+		if r.plan == p {
+			return r
+		}
+	}
+	return running{}
 }
 
 // start plans batch as a transaction that skips locked rows.
 func (bc *batchChain) start(batch []*pending) (*engine.Plan, context.Context) {
 	ctx, cancel := batchContext(batch)
 	p := engine.NewPlan(requests(batch), batch[0].set, true, engine.SkipLocked)
-	bc.runs[p] = running{batch, ctx, cancel}
+	bc.runs = append(bc.runs, running{p, batch, ctx, cancel})
 	return p, ctx
 }
 
@@ -250,8 +291,8 @@ func (bc *batchChain) Next(after *engine.Plan, deferred []*engine.Request) (*eng
 	c := bc.c
 	c.mu.Lock()
 	var b []*pending
-	if len(c.queue) >= len(bc.runs[after].batch) {
-		b = c.formLocked(bc.runs[after].batch)
+	if a := bc.run(after).batch; len(c.queue) >= len(a) {
+		b = c.formLocked(a)
 	}
 	c.mu.Unlock()
 	if len(b) == 0 {
@@ -261,8 +302,8 @@ func (bc *batchChain) Next(after *engine.Plan, deferred []*engine.Request) (*eng
 }
 
 func (bc *batchChain) Done(p *engine.Plan, deferred []*engine.Request, err error) {
-	r := bc.runs[p]
-	delete(bc.runs, p)
+	r := bc.run(p)
+	bc.runs = slices.DeleteFunc(bc.runs, func(r running) bool { return r.plan == p })
 	if seen := r.batch[0].seen; seen != nil {
 		seen(r.ctx, len(r.batch))
 	}
@@ -284,7 +325,7 @@ func (c *Coalescer) finish(batch []*pending, deferred []*engine.Request, err err
 		case err != nil:
 			p.req.Err = engine.DBError("coalesced check", err)
 		}
-		close(p.done)
+		p.decided()
 	}
 }
 
@@ -308,8 +349,9 @@ func (c *Coalescer) formBatchesLocked() [][]*pending {
 // before it. Checks of parked rows join their lanes.
 func (c *Coalescer) formLocked(after []*pending) []*pending {
 	var batch, keep []*pending
-	held := make(map[engine.Row]bool)
-	mine := make(map[engine.Row]bool) // rows this batch's checks may share
+	held, mine := c.held, c.mine // mine: rows this batch's checks may share
+	clear(held)
+	clear(mine)
 	for _, p := range after {
 		for _, r := range p.rows {
 			mine[r] = true
@@ -327,6 +369,9 @@ func (c *Coalescer) formLocked(after []*pending) []*pending {
 			continue
 		case !slices.ContainsFunc(p.rows, func(r engine.Row) bool { return c.inflight[r] > 0 && !mine[r] }) &&
 			(len(batch) == 0 || p.set == batch[0].set && (!p.set.Dialect.OneRowBatches() || slices.Equal(p.rows, batch[0].rows))):
+			if batch == nil {
+				batch = make([]*pending, 0, min(len(c.queue)-i, maxBatch))
+			}
 			batch = append(batch, p)
 			for _, r := range p.rows {
 				mine[r] = true
@@ -398,7 +443,7 @@ func (c *Coalescer) runLane(ln *lane) {
 		if err != nil {
 			p.req.Err = engine.DBError("check", err)
 		}
-		close(p.done)
+		p.decided()
 	}
 	close(ln.done)
 }

@@ -18,6 +18,7 @@ type Call struct {
 	// one made for the call), or the ID of the lease released or extended.
 	ID      string
 	results []result
+	one     [1]result // results' array for a call of one operation
 }
 
 type result struct {
@@ -51,6 +52,9 @@ func (c *Call) put(r engine.Row, o Outcome) {
 			c.results[i].out = o
 			return
 		}
+	}
+	if c.results == nil {
+		c.results = c.one[:0]
 	}
 	c.results = append(c.results, result{row: r, out: o})
 }

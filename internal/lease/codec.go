@@ -23,7 +23,11 @@ func Encode(ls []Lease) string {
 	if len(ls) == 0 {
 		return ""
 	}
-	b := make([]byte, 0, 128*len(ls))
+	var buf [256]byte // one lease or two: the string is the only allocation
+	b := buf[:0]
+	if n := 160 * len(ls); n > len(buf) {
+		b = make([]byte, 0, n)
+	}
 	b = append(b, '[')
 	for i, l := range ls {
 		if i > 0 {

@@ -174,7 +174,7 @@ func Apply(lim Limit, ls []Lease, now time.Time, op Op) ([]Lease, Outcome, error
 		if !ls[i].Live(now) {
 			return ls, outcome(false, ls, now, ls[i]), ErrExpired
 		}
-		next := slices.Delete(slices.Clone(ls), i, i+1)
+		next := append(append(make([]Lease, 0, len(ls)-1), ls[:i]...), ls[i+1:]...)
 		return next, outcome(true, next, now, ls[i]), nil
 	case Extend:
 		if i < 0 {
@@ -211,7 +211,8 @@ func acquire(lim Limit, ls []Lease, i int, now time.Time, op Op) ([]Lease, Outco
 		return ls, o, nil
 	}
 	l := Lease{ID: op.ID, Weight: op.Weight, Token: op.Token, AcquiredAt: now, ExpiresAt: expiry(now, lim.TTL), TTL: lim.TTL}
-	next := slices.Clone(ls)
+	next := make([]Lease, len(ls), len(ls)+1)
+	copy(next, ls)
 	if i >= 0 {
 		next[i] = l // its expired lease of the same ID: acquired anew
 	} else {

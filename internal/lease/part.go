@@ -79,6 +79,7 @@ func (p Part) Read(a *engine.Attempt, cs []engine.Charge) []engine.Stmt {
 		return nil
 	}
 	st := stateOf(a)
+	st.tokens = slices.Grow(st.tokens, len(cs))
 	return []engine.Stmt{{SQL: sqlgen.LeaseTokens, Args: []any{int64(len(cs))}, Scan: st.scanTokens}}
 }
 
@@ -148,8 +149,10 @@ func (p Part) Take(a *engine.Attempt, q *engine.Request, c engine.Charge) {
 // that a release wakes waiters (see Write).
 func full(lim Limit, ls []Lease, now time.Time) bool {
 	var big int64
-	for _, l := range Live(ls, now) {
-		big = max(big, l.Weight)
+	for _, l := range ls {
+		if l.Live(now) {
+			big = max(big, l.Weight)
+		}
 	}
 	return lim.Max-Held(ls, now) < big
 }

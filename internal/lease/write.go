@@ -20,9 +20,13 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 		return nil
 	}
 	st.written = true
-	var rows [2][][]any // by storage
-	now := a.Now()
-	for _, r := range a.Rows() { // lock order: the same statements for the same work
+	var (
+		rows   [2][][]any // by storage
+		cells  []any      // every row's values, in one allocation
+		prefix any        // the last row's prefix, boxed once for its rows
+	)
+	now, all := a.Now(), a.Rows()
+	for _, r := range all { // lock order: the same statements for the same work
 		ks := st.keys[r]
 		if ks == nil || !ks.dirty {
 			continue
@@ -32,7 +36,18 @@ func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 		if keep.Before(now) {
 			keep = now
 		}
-		rows[r.Storage] = append(rows[r.Storage], []any{r.Prefix, r.Key, col, roundUp(keep)})
+		if cells == nil {
+			cells = make([]any, 0, 4*len(all))
+		}
+		if p, _ := prefix.(string); prefix == nil || p != r.Prefix {
+			prefix = r.Prefix
+		}
+		if rows[r.Storage] == nil {
+			rows[r.Storage] = make([][]any, 0, len(all))
+		}
+		i := len(cells)
+		cells = append(cells, prefix, r.Key, col, roundUp(keep))
+		rows[r.Storage] = append(rows[r.Storage], cells[i:len(cells):len(cells)])
 		if ks.notify {
 			a.Notify(sqlgen.LeaseChannel(r.Prefix), r.Key)
 		}
