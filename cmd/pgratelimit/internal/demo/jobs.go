@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -213,58 +212,47 @@ func (j *jobs) stop() {
 	j.wg.Wait()
 }
 
-// jobsJSON is the jobs card's state: the semaphore's policy, the key's live
-// leases (oldest first) as its slots, and what holds each.
+// jobsJSON is the jobs card's state: the semaphore's policy, and the units
+// of the key's live leases: Held in all, Running of them held by the
+// demo's running jobs, Killed by its killed ones (their lease left to
+// expire), the rest by other holders (the CLI, say). Each lease, with its
+// token and expiry, is on the key's page of the operator UI.
 type jobsJSON struct {
-	Prefix      string     `json:"prefix"`
-	Max         int64      `json:"max"`
-	TTLMS       int64      `json:"ttl_ms"`
-	HeartbeatMS int64      `json:"heartbeat_ms"`
-	JobMS       int64      `json:"job_ms"`
-	Held        int64      `json:"held"`
-	Slots       []slotJSON `json:"slots"`
-}
-
-// slotJSON is a live lease. Holder is running (a job of the demo, which
-// EndsInMS from now), killed (its heartbeat stopped: the lease expires
-// ExpiresInMS from now, and the slot comes back then) or other (a lease
-// the demo did not take: the CLI's, say).
-type slotJSON struct {
-	ID          string `json:"id"`
-	Token       int64  `json:"token"`
-	Weight      int64  `json:"weight"`
-	ExpiresInMS int64  `json:"expires_in_ms"`
-	Holder      string `json:"holder"`
-	EndsInMS    int64  `json:"ends_in_ms,omitempty"`
+	Prefix      string `json:"prefix"`
+	Max         int64  `json:"max"`
+	TTLMS       int64  `json:"ttl_ms"`
+	HeartbeatMS int64  `json:"heartbeat_ms"`
+	JobMS       int64  `json:"job_ms"`
+	Held        int64  `json:"held"`
+	Running     int64  `json:"running"`
+	Killed      int64  `json:"killed"`
 }
 
 // state reads key's live leases, and forgets the killed jobs whose lease
 // is gone.
 func (j *jobs) state(ctx context.Context, key string) (jobsJSON, error) {
 	st := jobsJSON{Prefix: jobsPrefix, Max: jobsMax, TTLMS: j.ttl.Milliseconds(), HeartbeatMS: (j.ttl / 3).Milliseconds(),
-		JobMS: j.runFor.Milliseconds(), Slots: []slotJSON{}}
+		JobMS: j.runFor.Milliseconds()}
 	ls, err := j.sem.Leases(ctx, key)
 	if err != nil {
 		return st, err
 	}
-	now := time.Now()
+	live := make(map[string]bool, len(ls))
+	for _, l := range ls {
+		st.Held += l.Weight
+		live[l.ID] = true
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for _, l := range ls {
-		s := slotJSON{ID: l.ID, Token: l.Token, Weight: l.Weight, ExpiresInMS: max(l.ExpiresAt.Sub(now).Milliseconds(), 0), Holder: "other"}
-		switch jb := j.all[l.ID]; {
-		case jb == nil:
-		case jb.killed:
-			s.Holder = "killed"
-		default:
-			s.Holder, s.EndsInMS = "running", max(jb.ends.Sub(now).Milliseconds(), 1)
-		}
-		st.Held += l.Weight
-		st.Slots = append(st.Slots, s)
-	}
 	for id, jb := range j.all {
-		if jb.key == key && jb.killed && !slices.ContainsFunc(ls, func(l pgratelimit.Lease) bool { return l.ID == id }) {
+		switch {
+		case jb.key != key:
+		case jb.killed && !live[id]:
 			delete(j.all, id)
+		case jb.killed:
+			st.Killed += jb.lease.Weight
+		case live[id]:
+			st.Running += jb.lease.Weight
 		}
 	}
 	return st, nil
