@@ -178,9 +178,6 @@ func (ld *load) audit(cfg pgratelimit.Config, grants int64) string {
 // or, with --limits 2, two in one AllowAll; with --leases, an acquisition
 // and, when acquired, its release (newLeaseChecker).
 type checker struct {
-	// l is the run's limiter (the first of two with --limits 2); nil with
-	// --leases.
-	l *pgratelimit.Limiter
 	// check checks key number k and returns whether it was allowed.
 	check func(ctx context.Context, k int, cost int64) (bool, error)
 	// timeDenied says the latencies of denied checks are timed too (not
@@ -218,7 +215,6 @@ func (ch *checker) limits(client *pgratelimit.Client, cfg pgratelimit.Config, o 
 	if err != nil {
 		return err
 	}
-	ch.l = l
 	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
 		r, err := l.AllowN(ctx, keyName(k), cost)
 		return r.Allowed, err
