@@ -22,9 +22,8 @@ var creditsAlerts = pgratelimit.Alerts{UsedFractions: []float64{0.5, 0.8, 1}, Ba
 // of its own.
 func (a *app) startConsumer(ctx context.Context) (stop func(), err error) {
 	c, err := events.NewConsumer(a.pool, events.ConsumerConfig{
-		Prefixes:      []string{creditsPrefix},
-		Logger:        a.log,
-		MeterProvider: a.mp,
+		Prefixes: []string{creditsPrefix},
+		Logger:   a.log,
 		Handler: func(ctx context.Context, _ pgx.Tx, e events.Event) error {
 			a.log.InfoContext(ctx, "usage alert delivered", "id", e.ID, "key", e.Key, "kind", e.Kind, "fraction", e.Fraction, "level", e.Level, "balance", e.Balance)
 			return nil

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -60,7 +59,7 @@ type job struct {
 	kill   chan struct{} // closed to kill it
 }
 
-func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, c jobsConfig) (*jobs, error) {
+func newJobs(pool *pgxpool.Pool, log *slog.Logger, c jobsConfig) (*jobs, error) {
 	j := &jobs{ttl: c.ttl, runFor: c.runFor, log: log, all: make(map[string]*job), done: make(chan struct{})}
 	if j.ttl == 0 {
 		j.ttl = defaultJobsTTL
@@ -68,7 +67,7 @@ func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, 
 	if j.runFor == 0 {
 		j.runFor = defaultJobFor
 	}
-	sem, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: jobsPrefix, Max: jobsMax, TTL: j.ttl, MeterProvider: mp})
+	sem, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: jobsPrefix, Max: jobsMax, TTL: j.ttl})
 	if err != nil {
 		return nil, err
 	}

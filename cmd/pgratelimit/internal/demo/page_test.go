@@ -204,9 +204,6 @@ func (b *browser) checkBurst(db *pgxpool.Pool) {
 	// The token count reaches 0, then refills on the grid.
 	b.waitFor("an empty bucket", fmt.Sprintf(q+`.textContent === '0'`, "remaining"), 30*time.Second)
 	b.waitFor("a refill", fmt.Sprintf(q+`.textContent === '1'`, "remaining"), 30*time.Second)
-
-	// The counters come from pgratelimit.checks.
-	b.waitFor("the counters", fmt.Sprintf(`Number(`+q+`.textContent) >= 3`, "count-denied"), 30*time.Second)
 }
 
 // burstBetweenRefills runs the burst scenario between two refills and
@@ -339,14 +336,12 @@ func (b *browser) checkCreditsAgain(db *pgxpool.Pool) {
 }
 
 // checkBadCost: a cost of 0 typed in the Cost field is sent as it is, and
-// refused (400) as bad input, counted apart from errors.
+// refused (400) as bad input, in the library's words.
 func (b *browser) checkBadCost() {
 	t := b.t
 	b.do("a cost of 0", setValue("cost", "0"), click("send"))
 	b.waitFor("its answer", `[...document.querySelectorAll('[data-testid="result"]')].at(-1)?.textContent.includes('cost 0')`, 30*time.Second)
 	require.Regexp(t, `^#\d+ 400 Bad Request cost 0 400 bad request: pgratelimit: invalid cost: 0 is below 1 \d+ ms$`, b.results()[len(b.results())-1])
-	b.waitFor("counted as invalid", fmt.Sprintf(`Number(`+q+`.textContent) >= 1`, "count-invalid"), 30*time.Second)
-	require.Equal(t, "0", b.text("count-errors"), "bad input is not an error")
 	b.do("a cost of 1 again", setValue("cost", "1"))
 }
 

@@ -42,7 +42,6 @@ type stateJSON struct {
 	Minute  bucketJSON  `json:"minute"`
 	Credits creditsJSON `json:"credits"`
 	Jobs    jobsJSON    `json:"jobs"`
-	Checks  checkCounts `json:"checks"`
 	Error   string      `json:"error,omitempty"`
 }
 
@@ -74,7 +73,7 @@ func bucketOf(r pgratelimit.Result, cfg pgratelimit.Config) bucketJSON {
 }
 
 // state peeks at key's buckets (taking nothing), reads its credits and its
-// jobs' leases, and the counters.
+// jobs' leases.
 func (a *app) state(ctx context.Context, key string) stateJSON {
 	p := a.cur.Load()
 	st := stateJSON{TimeMS: time.Now().UnixMilli(), Key: key, Policy: describePolicy(p)}
@@ -99,11 +98,6 @@ func (a *app) state(ctx context.Context, key string) stateJSON {
 	} else {
 		st.Jobs = j
 	}
-	c, err := a.counts.counts(ctx)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	st.Checks = c
 	if err := errors.Join(errs...); err != nil {
 		st.Error = clierr.Text(err)
 	}

@@ -68,10 +68,6 @@ function update(st) {
   $("minute-gauge").style.width = `${st.minute.capacity ? (100 * st.minute.tokens) / st.minute.capacity : 0}%`;
   showCredits(st.credits, st.key);
   showJobs(st.jobs, st.key);
-  $("count-allowed").textContent = String(st.checks.allowed);
-  $("count-denied").textContent = String(st.checks.denied);
-  $("count-invalid").textContent = String(st.checks.invalid);
-  $("count-errors").textContent = String(st.checks.errors);
   $("policy").textContent =
     `Capacity ${p.capacity}, Refill ${p.refill} every ${p.interval}, ${p.storage}: RateLimit-Policy: ${p.header}`;
   if (p.gen !== formGen) {
