@@ -44,7 +44,6 @@ func firstPolicy() pgratelimit.Config {
 // the page applies a new one.
 type policy struct {
 	gen    int
-	cfg    pgratelimit.Config
 	l      *pgratelimit.Limiter
 	minute *pgratelimit.Limiter // the two-limits scenario's per-minute limit
 }
@@ -117,7 +116,7 @@ func (a *app) apply(ctx context.Context, cfg pgratelimit.Config, key string) (*p
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	p := &policy{cfg: cfg, l: l, minute: minute}
+	p := &policy{l: l, minute: minute}
 	if old := a.cur.Load(); old != nil {
 		p.gen = old.gen + 1
 	}

@@ -163,13 +163,12 @@ func (a *app) serveCreditsReset(w http.ResponseWriter, r *http.Request, key stri
 	})
 }
 
-// writeCredits answers with the credits card's state and what message
-// makes of it.
+// writeCredits answers with what message makes of the credits card's
+// state.
 func (a *app) writeCredits(w http.ResponseWriter, r *http.Request, key string, message func(creditsJSON) string) error {
 	c, err := a.creditsState(r.Context(), key)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"message": message(c), "credits": c})
-	return nil
+	return writeMessage(w, http.StatusOK, message(c))
 }

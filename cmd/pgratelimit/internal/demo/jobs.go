@@ -267,10 +267,10 @@ func (a *app) serveJobStart(w http.ResponseWriter, r *http.Request, key string) 
 	}
 	if !res.Allowed {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((res.RetryAfter+time.Second-1)/time.Second), 10))
-		return a.writeJobs(w, r, key, http.StatusTooManyRequests, fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
+		return writeMessage(w, http.StatusTooManyRequests, fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
 			res.Limit, res.Limit-res.Remaining, res.Limit, human.Duration(res.RetryAfter)))
 	}
-	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
+	return writeMessage(w, http.StatusOK, fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
 		res.Lease.Token, human.Duration(a.jobs.runFor), human.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit))
 }
 
@@ -282,7 +282,7 @@ func (a *app) serveJobKill(w http.ResponseWriter, r *http.Request, key string) e
 		msg = fmt.Sprintf("Killed the job with lease token %d without releasing its lease: no more heartbeats, so its slot comes back when the lease expires, in %s.",
 			l.Token, human.Duration(max(time.Until(l.ExpiresAt), 0)))
 	}
-	return a.writeJobs(w, r, key, http.StatusOK, msg)
+	return writeMessage(w, http.StatusOK, msg)
 }
 
 // serveJobsReset stops the client's jobs and releases its leases.
@@ -290,15 +290,5 @@ func (a *app) serveJobsReset(w http.ResponseWriter, r *http.Request, key string)
 	if err := a.jobs.reset(r.Context(), key); err != nil {
 		return err
 	}
-	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started over: every job stopped and every lease released, %d slots free.", jobsMax))
-}
-
-// writeJobs answers with status, msg and the jobs card's state.
-func (a *app) writeJobs(w http.ResponseWriter, r *http.Request, key string, status int, msg string) error {
-	st, err := a.jobs.state(r.Context(), key)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, status, map[string]any{"message": msg, "jobs": st})
-	return nil
+	return writeMessage(w, http.StatusOK, fmt.Sprintf("Started over: every job stopped and every lease released, %d slots free.", jobsMax))
 }
