@@ -80,10 +80,9 @@ func Run(ctx context.Context, o Options, env Env) (rep Report, err error) {
 }
 
 // cpuUsed is the CPU time a run used: the client's (this process's) and
-// the server's (on Citus, the coordinator's).
+// the server's (on Citus, the coordinator's; 0: not readable).
 type cpuUsed struct {
 	client, server time.Duration
-	serverRead     bool
 }
 
 // measure runs the load between readings of the CPU time used so far, then
@@ -95,9 +94,11 @@ func measure(ctx context.Context, env Env, o Options, pool *pgxpool.Pool, ch *ch
 	server := serverCPU(ctx, pool)
 	client := cpu.Self()
 	stopProgress := ld.run(ctx, env.Progress, o, ch)
-	used := cpuUsed{client: cpu.Self() - client, serverRead: server > 0}
+	used := cpuUsed{client: cpu.Self() - client}
 	stopProgress()
-	used.server = serverCPU(ctx, pool) - server
+	if server > 0 {
+		used.server = serverCPU(ctx, pool) - server
+	}
 	pool.Close() // backends exit and flush their statistics
 	return ld, used
 }
@@ -132,9 +133,7 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed) Report {
 		return rep
 	}
 	rep.ClientUsPerCheck = usPer(used.client, checks)
-	if used.serverRead {
-		rep.ServerUsPerCheck = usPer(used.server, checks)
-	}
+	rep.ServerUsPerCheck = usPer(used.server, checks)
 	return rep
 }
 
@@ -148,9 +147,7 @@ func (ld *load) leaseFigures(rep *Report, o Options, used cpuUsed) {
 		return
 	}
 	rep.ClientUsPerPair = usPer(used.client, rep.Pairs)
-	if used.serverRead {
-		rep.ServerUsPerPair = usPer(used.server, rep.Pairs)
-	}
+	rep.ServerUsPerPair = usPer(used.server, rep.Pairs)
 }
 
 // usPer is d over n, in microseconds to a tenth.
