@@ -37,8 +37,6 @@ type Options struct {
 	Conns         int           // --conns: pool connections (0: Concurrency, at most 200)
 	CoalesceConns int           // --coalesce-conns: ClientConfig.CoalesceConns
 	Limits        int           // --limits: 1, or 2 (a second, daily limit in one AllowAll)
-	Hold          bool          // --hold: a row held locked for the run
-	CPUProfile    string        // --cpuprofile: write the run's CPU profile here
 	Citus         bool          // --citus: distribute the scratch tables
 	Grants        int64         // --grants: credits granted to every key first
 	DenyCache     int           // --deny-cache: Config.DenyCacheSize
@@ -85,8 +83,6 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Conns, "conns", 0, "pool connections (default: --concurrency, at most 200)")
 	fs.IntVar(&o.CoalesceConns, "coalesce-conns", 0, "ClientConfig.CoalesceConns (default: the library's)")
 	fs.IntVar(&o.Limits, "limits", 1, "limits charged per check: 1, or 2 (the policy above, and one per day of the same capacity, in one AllowAll)")
-	fs.BoolVar(&o.Hold, "hold", false, "hold one other key's row in an open transaction for the run, with 4 checks waiting on it (a slow request that charges credits)")
-	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write this process's CPU profile of the run to FILE (go tool pprof)")
 	fs.BoolVar(&o.Citus, "citus", false, "distribute the scratch tables by key (Citus; also done when the citus extension is installed)")
 	fs.Int64Var(&o.Grants, "grants", 0, "grant every key N credits before the run (Config.Grants), for checks that spill from the bucket into grants")
 	fs.IntVar(&o.DenyCache, "deny-cache", 0, "Config.DenyCacheSize: deny keys denied before locally until their retry time (0: off)")
@@ -159,8 +155,8 @@ func (o Options) Config() (pgratelimit.Config, error) {
 // that could never be acquired.
 func (o Options) checkLeases() error {
 	checks := setFlags([]bool{o.Capacity != defaultCapacity || o.Refill != defaultRefill || o.Interval != defaultInterval,
-		o.Limits != 1, o.Grants > 0, o.DenyCache > 0, o.Ledger, o.Alerts, o.Commit != "sync", o.Hold, o.Prefill > 0, o.Overrides > 0},
-		"--capacity, --refill, --interval", "--limits", "--grants", "--deny-cache", "--ledger", "--alerts", "--commit async", "--hold", "--prefill", "--overrides")
+		o.Limits != 1, o.Grants > 0, o.DenyCache > 0, o.Ledger, o.Alerts, o.Commit != "sync", o.Prefill > 0, o.Overrides > 0},
+		"--capacity, --refill, --interval", "--limits", "--grants", "--deny-cache", "--ledger", "--alerts", "--commit async", "--prefill", "--overrides")
 	switch {
 	case len(checks) > 0:
 		return clierr.Usagef("--leases does not go with %s: they set up checks of buckets, and a run with --leases makes none (its limit is --lease-max)", strings.Join(checks, ", "))

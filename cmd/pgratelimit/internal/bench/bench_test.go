@@ -82,7 +82,7 @@ func TestConfig(t *testing.T) {
 		{func(o *Options) { o.Commit, o.RequestIDs = "async", true }, "--commit async does not go with --request-ids: an exactly-once charge must survive a crash, so it commits synchronously (drop --request-ids, or use --commit sync)"},
 		{func(o *Options) { o.Leases, o.Grants, o.Ledger, o.Alerts = true, 5, true, true }, "--leases does not go with --grants, --ledger, --alerts: they set up checks of buckets, and a run with --leases makes none (its limit is --lease-max)"},
 		{func(o *Options) { o.Leases, o.Capacity, o.Limits = true, 5, 2 }, "--leases does not go with --capacity, --refill, --interval, --limits: they set up checks of buckets"},
-		{func(o *Options) { o.Leases, o.Commit, o.Hold, o.Prefill, o.DenyCache = true, "async", true, 10000, 5 }, "--leases does not go with --deny-cache, --commit async, --hold, --prefill:"},
+		{func(o *Options) { o.Leases, o.Commit, o.Prefill, o.DenyCache = true, "async", 10000, 5 }, "--leases does not go with --deny-cache, --commit async, --prefill:"},
 		{func(o *Options) { o.Leases, o.LeaseMax = true, 0 }, "--lease-max must be at least 1, got 0"},
 		{func(o *Options) { o.Leases, o.Cost = true, 9 }, "--cost 9, the weight of each lease, is more than --lease-max 8: no lease could be acquired"},
 	} {
@@ -103,7 +103,7 @@ func TestRun(t *testing.T) {
 	s := testdb.NewEmptySchema(t)
 	o := defaults(t)
 	o.Concurrency, o.Keys, o.Duration, o.Capacity, o.Refill, o.Interval = 4, 10, 500*time.Millisecond, 3, 1, time.Hour
-	o.Limits, o.Grants, o.RequestIDs, o.Prefill, o.Hold = 2, 2, true, 20, true
+	o.Limits, o.Grants, o.RequestIDs, o.Prefill = 2, 2, true, 20
 	pcfg, err := pgxpool.ParseConfig(s.URL(t))
 	require.NoError(t, err)
 	var progress bytes.Buffer

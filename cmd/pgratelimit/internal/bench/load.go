@@ -10,8 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 )
 
@@ -39,21 +37,15 @@ func newLoad(o Options) *load {
 	return ld
 }
 
-// run runs o.Concurrency workers for o.Duration (and, with --hold, a held
-// row and four checks waiting on it), drawing progress on w each second. It
-// returns when the workers are done, with a function that stops the
-// progress.
-func (ld *load) run(ctx context.Context, w io.Writer, o Options, pool *pgxpool.Pool, ch *checker) (stopProgress func(), err error) {
+// run runs o.Concurrency workers for o.Duration, drawing progress on w
+// each second. It returns when the workers are done, with a function that
+// stops the progress.
+func (ld *load) run(ctx context.Context, w io.Writer, o Options, ch *checker) (stopProgress func()) {
 	start := time.Now()
 	end := start.Add(o.Duration)
 	runCtx, cancel := context.WithDeadline(ctx, end)
 	defer cancel()
 	var wg sync.WaitGroup
-	if o.Hold {
-		if err := hold(ctx, runCtx, &wg, pool, ch); err != nil {
-			return nil, err
-		}
-	}
 	for i := range o.Concurrency {
 		wg.Go(func() { ld.work(runCtx, i, start, end, o, ch) })
 	}
@@ -68,32 +60,7 @@ func (ld *load) run(ctx context.Context, w io.Writer, o Options, pool *pgxpool.P
 	return func() {
 		close(done)
 		<-progressDone
-	}, nil
-}
-
-// hold begins a transaction that takes a token of "held" and stays open
-// until runCtx ends, and starts four checks of that key that wait for it
-// (each up to 1s), again and again until then.
-func hold(ctx, runCtx context.Context, wg *sync.WaitGroup, pool *pgxpool.Pool, ch *checker) error {
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return err
 	}
-	// Ended when the run is (the pool cannot close while it is open).
-	context.AfterFunc(runCtx, func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
-	if _, err := ch.l.In(pgratelimit.PgxTx(tx)).AllowN(ctx, "held", 1); err != nil {
-		return err
-	}
-	for range 4 {
-		wg.Go(func() {
-			for runCtx.Err() == nil {
-				c, cancel := context.WithTimeout(runCtx, time.Second)
-				_, _ = ch.l.AllowN(c, "held", 1)
-				cancel()
-			}
-		})
-	}
-	return nil
 }
 
 // work is worker w: it checks keys drawn uniformly until the run ends,

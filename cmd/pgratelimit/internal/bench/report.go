@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
@@ -39,13 +38,10 @@ type Report struct {
 	TableBytes  int64 `json:"table_bytes,omitempty"`
 	IndexBytes  int64 `json:"index_bytes,omitempty"`
 	// CPU time per check: this process's, and the database server's
-	// processes' when the server runs on this machine (0 otherwise).
+	// processes' when the server runs on this machine (0 otherwise; on
+	// Citus, the coordinator's alone).
 	ClientUsPerCheck float64 `json:"client_us_per_check"`
 	ServerUsPerCheck float64 `json:"server_us_per_check"`
-	// On Citus: the server CPU time per check of each node, the
-	// coordinator first (-1: not readable, a node not on this machine);
-	// ServerUsPerCheck is then their sum (0 unless all were read).
-	Nodes []NodeCPU `json:"nodes,omitempty"`
 	// With --leases (Leases) a check is an acquisition of a lease of
 	// LeaseMax units per key: Allowed counts those acquired, each released
 	// at once, Denied those that found no free units, and ChecksPerSec and
@@ -59,12 +55,6 @@ type Report struct {
 	PairsPerSec     float64 `json:"pairs_per_sec,omitempty"`
 	ClientUsPerPair float64 `json:"client_us_per_pair,omitempty"`
 	ServerUsPerPair float64 `json:"server_us_per_pair,omitempty"`
-}
-
-// NodeCPU is a Citus node's server CPU time per check.
-type NodeCPU struct {
-	Node       string  `json:"node"`
-	UsPerCheck float64 `json:"us_per_check"`
 }
 
 // OK says whether the run's exactness audit passed.
@@ -81,17 +71,6 @@ func (r Report) WriteText(w io.Writer, duration time.Duration, cost int64) {
 		fmt.Fprintf(w, "  %.0f checks/s   p50 %.2f ms   p99 %.2f ms   max %.2f ms\n", r.ChecksPerSec, r.P50ms, r.P99ms, r.MaxMs)
 		fmt.Fprintf(w, "  allowed %d   denied %d   errors %d\n", r.Allowed, r.Denied, r.Errors)
 		fmt.Fprintf(w, "  CPU per check: client %.1f µs, server %s µs\n", r.ClientUsPerCheck, serverText(r.ServerUsPerCheck))
-	}
-	if len(r.Nodes) > 0 {
-		var parts []string
-		for _, n := range r.Nodes {
-			v := "n/a"
-			if n.UsPerCheck >= 0 {
-				v = fmt.Sprintf("%.1f", n.UsPerCheck)
-			}
-			parts = append(parts, n.Node+" "+v)
-		}
-		fmt.Fprintf(w, "  server CPU per check by node (µs): %s\n", strings.Join(parts, ", "))
 	}
 	if r.Alerts {
 		fmt.Fprintf(w, "  alerts: %s written\n", human.Plural(r.Events, "event", "events"))

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"time"
@@ -66,23 +64,8 @@ func Run(ctx context.Context, o Options, env Env) (rep Report, err error) {
 		return rep, err
 	}
 	defer ch.close(context.WithoutCancel(ctx))
-	stopProfile, err := startProfile(o.CPUProfile)
-	if err != nil {
-		return rep, err
-	}
-	defer stopProfile()
-	var nodes *workers
-	if s.distributed {
-		if nodes, err = connectWorkers(ctx, s.admin); err != nil {
-			return rep, fmt.Errorf("reading the Citus nodes: %w", err)
-		}
-		defer nodes.close(context.WithoutCancel(ctx))
-	}
-	ld, used, err := measure(ctx, env, o, pool, ch, nodes)
-	if err != nil {
-		return rep, err
-	}
-	rep = ld.report(o, s.distributed, used, nodes)
+	ld, used := measure(ctx, env, o, pool, ch)
+	rep = ld.report(o, s.distributed, used)
 	if e := ld.firstErr.Load(); e != nil {
 		fmt.Fprintf(env.Progress, "first error: %s\n", e)
 	}
@@ -96,63 +79,28 @@ func Run(ctx context.Context, o Options, env Env) (rep Report, err error) {
 	return rep, nil
 }
 
-// startProfile starts this process's CPU profile into path, if not empty.
-func startProfile(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	pf, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := pprof.StartCPUProfile(pf); err != nil {
-		pf.Close()
-		return nil, err
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		pf.Close()
-	}, nil
-}
-
-// cpuUsed is the CPU time a run used: the client's (this process's), the
-// server's, and each Citus worker's (-1: not readable).
+// cpuUsed is the CPU time a run used: the client's (this process's) and
+// the server's (on Citus, the coordinator's; 0: not readable).
 type cpuUsed struct {
 	client, server time.Duration
-	serverRead     bool
-	nodes          []time.Duration
 }
 
 // measure runs the load between readings of the CPU time used so far, then
 // closes the pool, so that the backends exit and flush their statistics.
-func measure(ctx context.Context, env Env, o Options, pool *pgxpool.Pool, ch *checker, nodes *workers) (*load, cpuUsed, error) {
+func measure(ctx context.Context, env Env, o Options, pool *pgxpool.Pool, ch *checker) (*load, cpuUsed) {
 	// What each key was allowed, for the audit. Touched before the CPU
 	// baselines: ten million keys are 80 MB of page faults.
 	ld := newLoad(o)
 	server := serverCPU(ctx, pool)
-	var nodes0 []time.Duration
-	if nodes != nil {
-		nodes0 = nodes.cpu(ctx)
-	}
 	client := cpu.Self()
-	stopProgress, err := ld.run(ctx, env.Progress, o, pool, ch)
-	if err != nil {
-		return nil, cpuUsed{}, err
-	}
-	used := cpuUsed{client: cpu.Self() - client, serverRead: server > 0}
+	stopProgress := ld.run(ctx, env.Progress, o, ch)
+	used := cpuUsed{client: cpu.Self() - client}
 	stopProgress()
-	used.server = serverCPU(ctx, pool) - server
-	if nodes != nil {
-		for i, t := range nodes.cpu(ctx) {
-			if t == 0 || nodes0[i] == 0 {
-				used.nodes = append(used.nodes, -1) // not readable
-			} else {
-				used.nodes = append(used.nodes, t-nodes0[i])
-			}
-		}
+	if server > 0 {
+		used.server = serverCPU(ctx, pool) - server
 	}
 	pool.Close() // backends exit and flush their statistics
-	return ld, used, nil
+	return ld, used
 }
 
 // keyName is the name of key number k.
@@ -160,7 +108,7 @@ func keyName(k int) string { return "key-" + strconv.Itoa(k) }
 
 // report sums up the load: throughput, latency percentiles, outcomes and
 // CPU time per check.
-func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers) Report {
+func (ld *load) report(o Options, distributed bool, used cpuUsed) Report {
 	all := slices.Concat(ld.lat...)
 	slices.Sort(all)
 	pct := func(p float64) float64 {
@@ -185,30 +133,7 @@ func (ld *load) report(o Options, distributed bool, used cpuUsed, nodes *workers
 		return rep
 	}
 	rep.ClientUsPerCheck = usPer(used.client, checks)
-	if used.serverRead {
-		rep.ServerUsPerCheck = usPer(used.server, checks)
-	}
-	if nodes == nil {
-		return rep
-	}
-	// On Citus: the coordinator's and each worker's, and server the
-	// cluster's sum when every node's could be read.
-	rep.Nodes = append(rep.Nodes, NodeCPU{Node: "coordinator", UsPerCheck: rep.ServerUsPerCheck})
-	readAll := used.serverRead
-	for i, d := range used.nodes {
-		nc := NodeCPU{Node: nodes.names[i], UsPerCheck: -1}
-		if d >= 0 {
-			nc.UsPerCheck = usPer(d, checks)
-			rep.ServerUsPerCheck += nc.UsPerCheck
-		} else {
-			readAll = false
-		}
-		rep.Nodes = append(rep.Nodes, nc)
-	}
-	if !readAll {
-		rep.ServerUsPerCheck = 0
-	}
-	rep.ServerUsPerCheck = math.Round(10*rep.ServerUsPerCheck) / 10
+	rep.ServerUsPerCheck = usPer(used.server, checks)
 	return rep
 }
 
@@ -222,9 +147,7 @@ func (ld *load) leaseFigures(rep *Report, o Options, used cpuUsed) {
 		return
 	}
 	rep.ClientUsPerPair = usPer(used.client, rep.Pairs)
-	if used.serverRead {
-		rep.ServerUsPerPair = usPer(used.server, rep.Pairs)
-	}
+	rep.ServerUsPerPair = usPer(used.server, rep.Pairs)
 }
 
 // usPer is d over n, in microseconds to a tenth.
@@ -252,9 +175,6 @@ func (ld *load) audit(cfg pgratelimit.Config, grants int64) string {
 // or, with --limits 2, two in one AllowAll; with --leases, an acquisition
 // and, when acquired, its release (newLeaseChecker).
 type checker struct {
-	// l is the run's limiter (the first of two with --limits 2); nil with
-	// --leases.
-	l *pgratelimit.Limiter
 	// check checks key number k and returns whether it was allowed.
 	check func(ctx context.Context, k int, cost int64) (bool, error)
 	// timeDenied says the latencies of denied checks are timed too (not
@@ -292,7 +212,6 @@ func (ch *checker) limits(client *pgratelimit.Client, cfg pgratelimit.Config, o 
 	if err != nil {
 		return err
 	}
-	ch.l = l
 	ch.check = func(ctx context.Context, k int, cost int64) (bool, error) {
 		r, err := l.AllowN(ctx, keyName(k), cost)
 		return r.Allowed, err

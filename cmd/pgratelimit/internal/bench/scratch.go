@@ -128,7 +128,7 @@ ORDER BY hashint8(i)`
 	const chunk = 1_000_000
 	for from := 0; from < n; from += chunk {
 		to := min(from+chunk, n) - 1
-		if _, err := s.admin.Exec(ctx, ins, cfg.Prefix, cfg.Capacity, interval(cfg.Interval), from, to); err != nil {
+		if _, err := s.admin.Exec(ctx, ins, cfg.Prefix, cfg.Capacity, sqlgen.Interval(cfg.Interval), from, to); err != nil {
 			return fmt.Errorf("prefilling %s: %w", name, err)
 		}
 		fmt.Fprintf(w, "\r\033[Kprefill: %d of %d rows, %s", to+1, n, time.Since(start).Round(time.Second))
@@ -139,12 +139,6 @@ ORDER BY hashint8(i)`
 	}
 	_, _ = s.admin.Exec(ctx, `CHECKPOINT`) // needs superuser or pg_checkpoint: else skipped
 	return nil
-}
-
-// interval is d as PostgreSQL interval input, in seconds and microseconds
-// (PostgreSQL 14 reads each field as 32 bits).
-func interval(d time.Duration) string {
-	return fmt.Sprintf("%d seconds %d microseconds", d/time.Second, (d % time.Second).Microseconds())
 }
 
 // tableStats puts in rep the HOT-update ratio of the run's table, the

@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
 	"github.com/pgratelimit/pgratelimit/pgratelimit/httplimit"
@@ -46,7 +44,6 @@ func firstPolicy() pgratelimit.Config {
 // the page applies a new one.
 type policy struct {
 	gen    int
-	cfg    pgratelimit.Config
 	l      *pgratelimit.Limiter
 	minute *pgratelimit.Limiter // the two-limits scenario's per-minute limit
 }
@@ -57,8 +54,6 @@ type app struct {
 	pool    *pgxpool.Pool
 	credits atomic.Pointer[pgratelimit.Limiter] // the credits scenario's: a monthly quota, grants and alerts
 	jobs    *jobs                               // the jobs card's: leases of a Semaphore
-	counts  *otelCounter                        // the checks the demo's limiters decided, by result
-	mp      *sdkmetric.MeterProvider
 	log     *slog.Logger
 	timeout time.Duration // each request's database work; 0: none
 	key     httplimit.KeyFunc
@@ -70,64 +65,11 @@ type app struct {
 	doneOnce sync.Once
 }
 
-// checkCounts are the checks decided so far, by result: Invalid are the
-// requests whose input the library refused (a cost below 1, above the
-// capacity), apart from Errors, the limiter failing.
-type checkCounts struct {
-	Allowed int64 `json:"allowed"`
-	Denied  int64 `json:"denied"`
-	Invalid int64 `json:"invalid"`
-	Errors  int64 `json:"errors"`
-}
-
-// otelCounter reads the library's pgratelimit.checks counter through an
-// OpenTelemetry SDK ManualReader: the numbers an app's metrics would show.
-type otelCounter struct {
-	reader *sdkmetric.ManualReader
-	mu     sync.Mutex
-}
-
-func (o *otelCounter) counts(ctx context.Context) (checkCounts, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	var rm metricdata.ResourceMetrics
-	if err := o.reader.Collect(ctx, &rm); err != nil {
-		return checkCounts{}, err
-	}
-	var c checkCounts
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != "pgratelimit.checks" || !ok {
-				continue
-			}
-			for _, dp := range sum.DataPoints {
-				result, _ := dp.Attributes.Value("pgratelimit.result")
-				switch result.AsString() {
-				case "allowed":
-					c.Allowed += dp.Value
-				case "denied":
-					c.Denied += dp.Value
-				case "invalid":
-					c.Invalid += dp.Value
-				case "error":
-					c.Errors += dp.Value
-				}
-			}
-		}
-	}
-	return c, nil
-}
-
-// newApp makes the app on pool, its limiters reporting to a meter provider of
-// its own, its requests' database work bounded by timeout (0: none), its
-// jobs run as jc says.
+// newApp makes the app on pool, its requests' database work bounded by
+// timeout (0: none), its jobs run as jc says.
 func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration, jc jobsConfig) (*app, error) {
-	reader := sdkmetric.NewManualReader()
 	a := &app{
 		pool:    pool,
-		counts:  &otelCounter{reader: reader},
-		mp:      sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 		log:     log,
 		timeout: timeout,
 		key:     httplimit.KeyByIP(httplimit.IPKeyConfig{}),
@@ -136,7 +78,7 @@ func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration, jc jobs
 	if err := a.newCredits(); err != nil {
 		return nil, err
 	}
-	j, err := newJobs(pool, log, a.mp, jc)
+	j, err := newJobs(pool, log, jc)
 	if err != nil {
 		return nil, err
 	}
@@ -146,9 +88,7 @@ func newApp(pool *pgxpool.Pool, log *slog.Logger, timeout time.Duration, jc jobs
 
 // newCredits makes the credits scenario's limiter anew.
 func (a *app) newCredits() error {
-	cfg := creditsPolicy()
-	cfg.MeterProvider = a.mp
-	l, err := pgratelimit.New(a.pool, cfg)
+	l, err := pgratelimit.New(a.pool, creditsPolicy())
 	if err != nil {
 		return err
 	}
@@ -160,15 +100,13 @@ func (a *app) newCredits() error {
 // bucket for key, when not empty.
 func (a *app) apply(ctx context.Context, cfg pgratelimit.Config, key string) (*policy, error) {
 	cfg.Prefix = demoPrefix
-	cfg.MeterProvider = a.mp
 	l, err := pgratelimit.New(a.pool, cfg)
 	if err != nil {
 		return nil, err
 	}
 	// The per-minute limit of the two-limits scenario: twice the burst,
 	// refilled whole every minute.
-	mcfg := pgratelimit.Config{Prefix: minutePrefix, Capacity: 2 * cfg.Capacity, Refill: 2 * cfg.Capacity, Interval: time.Minute,
-		Storage: cfg.Storage, MeterProvider: a.mp}
+	mcfg := pgratelimit.Config{Prefix: minutePrefix, Capacity: 2 * cfg.Capacity, Refill: 2 * cfg.Capacity, Interval: time.Minute, Storage: cfg.Storage}
 	if mcfg.Capacity <= 0 { // overflowed
 		mcfg.Capacity, mcfg.Refill = cfg.Capacity, cfg.Capacity
 	}
@@ -178,7 +116,7 @@ func (a *app) apply(ctx context.Context, cfg pgratelimit.Config, key string) (*p
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	p := &policy{cfg: cfg, l: l, minute: minute}
+	p := &policy{l: l, minute: minute}
 	if old := a.cur.Load(); old != nil {
 		p.gen = old.gen + 1
 	}

@@ -27,13 +27,9 @@ func creditsPolicy() pgratelimit.Config {
 // creditsPeriod says when the credits quota renews, for the page.
 const creditsPeriod = "on the 1st of each month (UTC)"
 
-type creditGrantJSON struct {
-	Amount    int64  `json:"amount"`
-	ExpiresAt string `json:"expires_at,omitempty"` // RFC 3339; empty: never
-}
-
-// creditsJSON is the credits scenario's state: the quota (the bucket), the
-// granted balance beside it, and the latest usage alerts.
+// creditsJSON is the credits scenario's state: the quota (the bucket) and
+// the granted balance beside it. Each grant, the ledger and the usage
+// alerts are on the key's page of the operator UI, which the card links to.
 type creditsJSON struct {
 	Prefix   string `json:"prefix"`
 	Period   string `json:"period"`
@@ -41,38 +37,19 @@ type creditsJSON struct {
 	Capacity int64  `json:"capacity"`
 	// RenewsInMS is the time until the quota is renewed (full again), 0
 	// when it is full.
-	RenewsInMS int64             `json:"renews_in_ms"`
-	Granted    int64             `json:"granted"`
-	Grants     []creditGrantJSON `json:"grants"` // live, soonest-expiring first
-	Alerts     []alertJSON       `json:"alerts"` // the latest, newest last
+	RenewsInMS int64 `json:"renews_in_ms"`
+	Granted    int64 `json:"granted"`
 }
 
-// creditsState peeks at key's quota and grants, taking nothing, and reads
-// its latest alerts.
+// creditsState peeks at key's quota and grants, taking nothing.
 func (a *app) creditsState(ctx context.Context, key string) (creditsJSON, error) {
-	l := a.credits.Load()
-	r, err := l.Peek(ctx, key)
+	r, err := a.credits.Load().Peek(ctx, key)
 	if err != nil {
 		return creditsJSON{}, err
 	}
-	gs, err := l.Grants(ctx, key)
-	if err != nil {
-		return creditsJSON{}, err
-	}
-	alerts, err := a.creditsAlertsOf(ctx, key)
-	if err != nil {
-		return creditsJSON{}, err
-	}
-	c := creditsJSON{Prefix: creditsPrefix, Period: creditsPeriod, Quota: r.Remaining, Capacity: r.Limit,
-		Granted: r.Granted, Grants: make([]creditGrantJSON, len(gs)), Alerts: alerts}
+	c := creditsJSON{Prefix: creditsPrefix, Period: creditsPeriod, Quota: r.Remaining, Capacity: r.Limit, Granted: r.Granted}
 	if r.Remaining < r.Limit {
 		c.RenewsInMS = max(r.ResetAfter.Milliseconds(), 1)
-	}
-	for i, g := range gs {
-		c.Grants[i] = creditGrantJSON{Amount: g.Amount}
-		if !g.ExpiresAt.IsZero() {
-			c.Grants[i].ExpiresAt = g.ExpiresAt.UTC().Format(time.RFC3339)
-		}
 	}
 	return c, nil
 }
@@ -186,13 +163,12 @@ func (a *app) serveCreditsReset(w http.ResponseWriter, r *http.Request, key stri
 	})
 }
 
-// writeCredits answers with the credits card's state and what message
-// makes of it.
+// writeCredits answers with what message makes of the credits card's
+// state.
 func (a *app) writeCredits(w http.ResponseWriter, r *http.Request, key string, message func(creditsJSON) string) error {
 	c, err := a.creditsState(r.Context(), key)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"message": message(c), "credits": c})
-	return nil
+	return writeMessage(w, http.StatusOK, message(c))
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
+	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/pgratelimit/pgratelimit/pgratelimit/events"
 )
 
 // syncBuffer is a bytes.Buffer that the demo writes while a test reads it.
@@ -106,7 +110,8 @@ func getJSON(t *testing.T, method, u string, form url.Values, v any) int {
 // delivers, and jobs hold leases (with a TTL of 4s, not the page's 10s).
 func TestDemoAPI(t *testing.T) {
 	t.Parallel()
-	dbURL := testdb.NewEmptySchema(t).URL(t)
+	schema := testdb.NewEmptySchema(t)
+	dbURL, db := schema.URL(t), schema.Pool(t, 1)
 	page := startDemo(t, dbURL, jobsConfig{ttl: 4 * time.Second, runFor: 6 * time.Second})
 
 	var st stateJSON
@@ -114,17 +119,11 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, "ip:127.0.0.1", st.Key)
 	require.Equal(t, int64(5), st.Bucket.Capacity)
 	require.Equal(t, `"demo";q=5;w=5`, st.Policy.Header)
-	// The walkthrough's seven checks, read from pgratelimit.checks: 5
-	// allowed and 2 denied, unless a refill of the 1s grid fell among them.
-	walk := st.Checks
-	require.Equal(t, int64(7), walk.Allowed+walk.Denied, "%+v", walk)
-	require.True(t, walk.Allowed >= 5 && walk.Denied >= 1, "%+v", walk)
 	require.Empty(t, st.Error)
 	var errBody map[string]string
 
 	// A cost below 1 or above the capacity is the client's bad input: 400
-	// with the library's words, counted as invalid, not as the limiter
-	// failing.
+	// with the library's words, not the limiter failing.
 	for _, c := range []string{"0", "-1", "6"} {
 		resp, err := http.Get(page + "api/limited?cost=" + c)
 		require.NoError(t, err)
@@ -136,8 +135,7 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/credits/charge?cost=0", nil, &errBody))
 	require.Equal(t, `cost must be a whole number of at least 1, got "0"`, errBody["error"])
 	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
-	require.Equal(t, checkCounts{Allowed: walk.Allowed, Denied: walk.Denied, Invalid: 3}, st.Checks, "bad input is not an error")
-	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}, Alerts: []alertJSON{}}, st.Credits)
+	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100}, st.Credits)
 
 	require.Equal(t, 400, getJSON(t, "POST", page+"api/policy", url.Values{"capacity": {"3"}, "refill": {"1"}, "interval": {"soon"}}, &errBody))
 	require.Contains(t, errBody["error"], `Interval must be a positive duration such as 1s, 500ms or 1m, got "soon"`)
@@ -173,9 +171,9 @@ func TestDemoAPI(t *testing.T) {
 	require.Equal(t, int64(0), st.Bucket.Tokens)
 	require.Equal(t, int64(4), st.Minute.Tokens, "the denied request took nothing from the per-minute limit")
 
-	checkCreditsAPI(t, page)
-	checkCreditsAPIMore(t, page)
-	checkJobsAPI(t, page, dbURL)
+	checkCreditsAPI(t, page, db)
+	checkCreditsAPIMore(t, page, db)
+	checkJobsAPI(t, page, db)
 
 	// The event stream sends the state every half second.
 	resp, err := http.Get(page + "api/events")
@@ -206,16 +204,16 @@ func chargeCredits(t *testing.T, page, cost string) (int, http.Header, chargeJSO
 	return resp.StatusCode, resp.Header, c
 }
 
-// grantedJSON is the answer to a grant or a reset of the credits.
+// grantedJSON is the answer to a grant or a reset of the credits: what it
+// did (the card's state is the state's).
 type grantedJSON struct {
-	Message string      `json:"message"`
-	Credits creditsJSON `json:"credits"`
+	Message string `json:"message"`
 }
 
 // checkCreditsAPI: charges of 7 use the monthly quota of 100 up to 2, the
 // 15th is denied with the reason; a grant of 10; a charge of 4 takes the
 // quota's 2 and 2 of the grant; the alerts they fire are delivered.
-func checkCreditsAPI(t *testing.T, page string) {
+func checkCreditsAPI(t *testing.T, page string, db *pgxpool.Pool) {
 	charge := func(cost string) (int, http.Header, chargeJSON) { return chargeCredits(t, page, cost) }
 	for i := range 14 {
 		code, h, c := charge("7")
@@ -237,7 +235,6 @@ func checkCreditsAPI(t *testing.T, page string) {
 	var granted grantedJSON
 	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/grant", url.Values{"amount": {"10"}}, &granted))
 	require.Equal(t, "Granted 10 credits (never expires): 10 granted in all, beside the quota's 2 of 100.", granted.Message)
-	require.Equal(t, []creditGrantJSON{{Amount: 10}}, granted.Credits.Grants)
 
 	code, _, c = charge("4")
 	require.Equal(t, 200, code)
@@ -247,16 +244,13 @@ func checkCreditsAPI(t *testing.T, page string) {
 	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
 	require.Equal(t, int64(0), st.Credits.Quota)
 	require.Equal(t, int64(8), st.Credits.Granted)
-	require.Equal(t, []creditGrantJSON{{Amount: 8}}, st.Credits.Grants)
 	require.InDelta(t, time.Until(firstOfNextMonth()).Milliseconds(), st.Credits.RenewsInMS, float64(time.Minute.Milliseconds()))
-	require.Equal(t, []string{"50% of the monthly quota used, balance 44", "80% of the monthly quota used, balance 16",
-		"balance at or below 20 (quota and grants), balance 16", "a charge denied: the quota and grants could not cover it, balance 2",
-		"100% of the monthly quota used, balance 8"}, deliveredAlerts(t, page), "each once, delivered by the demo's consumer")
+	require.Equal(t, alertsOfAll, deliveredAlerts(t, db), "each once, delivered by the demo's consumer")
 }
 
 // checkCreditsAPIMore: charges beyond the quota and grants, bad input, a
 // grant that expires, and starting over, which re-arms the alerts.
-func checkCreditsAPIMore(t *testing.T, page string) {
+func checkCreditsAPIMore(t *testing.T, page string, db *pgxpool.Pool) {
 	charge := func(cost string) (int, http.Header, chargeJSON) { return chargeCredits(t, page, cost) }
 	// Beyond the quota and the grant: denied, nothing taken; beyond even a
 	// full quota: grant credits.
@@ -278,40 +272,61 @@ func checkCreditsAPIMore(t *testing.T, page string) {
 	var granted grantedJSON
 	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/grant", url.Values{"amount": {"5"}, "expires_in": {"90m"}}, &granted))
 	require.Equal(t, "Granted 5 credits (expires in 1h 30m): 13 granted in all, beside the quota's 0 of 100.", granted.Message)
-	require.Len(t, granted.Credits.Grants, 2)
-	require.Equal(t, int64(5), granted.Credits.Grants[0].Amount)
-	require.NotEmpty(t, granted.Credits.Grants[0].ExpiresAt)
-	require.Equal(t, creditGrantJSON{Amount: 8}, granted.Credits.Grants[1])
+	l, err := pgratelimit.New(db, creditsPolicy())
+	require.NoError(t, err)
+	grants, err := l.Grants(context.Background(), "ip:127.0.0.1")
+	require.NoError(t, err)
+	require.Len(t, grants, 2)
+	require.Equal(t, int64(5), grants[0].Amount, "the one that expires first")
+	require.InDelta(t, time.Until(grants[0].ExpiresAt).Minutes(), 90, 1)
+	require.Equal(t, int64(8), grants[1].Amount)
 	require.Equal(t, 200, getJSON(t, "POST", page+"api/credits/reset", nil, &granted))
-	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100, Grants: []creditGrantJSON{}, Alerts: []alertJSON{}}, granted.Credits)
+	require.Equal(t, "Started over: a full quota of 100, no grants.", granted.Message)
+	var st stateJSON
+	require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
+	require.Equal(t, creditsJSON{Prefix: "demo-credits", Period: "on the 1st of each month (UTC)", Quota: 100, Capacity: 100}, st.Credits)
+	require.Empty(t, deliveredAlerts(t, db), "starting over deletes the alerts")
 	// Starting over re-arms the alerts: a charge past half the quota fires
 	// its alert again.
 	code, _, _ = charge("60")
 	require.Equal(t, 200, code)
-	require.Equal(t, []string{"50% of the monthly quota used, balance 40"}, deliveredAlerts(t, page))
+	require.Equal(t, []string{"used 50%, balance 40"}, deliveredAlerts(t, db))
 }
 
+// The usage alerts of the credits key, as deliveredAlerts says them: those
+// of the quota used up (charges of 7: 50% used on the 8th, 80% and a
+// balance of 20 or less on the 12th, the 15th denied), then all of them (a
+// charge that takes the quota's last credits).
+var (
+	alertsOfUsedUp = []string{"used 50%, balance 44", "used 80%, balance 16", "below 20, balance 16", "exhausted, balance 2"}
+	alertsOfAll    = append(alertsOfUsedUp[:len(alertsOfUsedUp):len(alertsOfUsedUp)], "used 100%, balance 8")
+)
+
 // deliveredAlerts waits until the demo's consumer has delivered the
-// credits key's alerts, and returns them as text and balance, oldest
-// first.
-func deliveredAlerts(t *testing.T, page string) []string {
+// credits key's alerts (the events the operator UI's key page lists), and
+// returns them as kind, line and balance, oldest first.
+func deliveredAlerts(t *testing.T, db *pgxpool.Pool) []string {
 	t.Helper()
-	var st stateJSON
+	var evs []events.Event
 	delivered := func() bool {
-		require.Equal(t, 200, getJSON(t, "GET", page+"api/state", nil, &st))
-		for _, a := range st.Credits.Alerts {
-			if !a.Delivered {
-				return false
-			}
-		}
-		return true
+		var err error
+		evs, err = events.List(context.Background(), db, events.Filter{Prefix: creditsPrefix, Key: "ip:127.0.0.1"})
+		require.NoError(t, err)
+		return !slices.ContainsFunc(evs, func(e events.Event) bool { return e.DeliveredAt.IsZero() })
 	}
 	for deadline := time.Now().Add(10 * time.Second); !delivered(); time.Sleep(20 * time.Millisecond) {
-		require.True(t, time.Now().Before(deadline), "alerts not delivered: %+v", st.Credits.Alerts)
+		require.True(t, time.Now().Before(deadline), "alerts not delivered: %+v", evs)
 	}
 	var out []string
-	for _, a := range st.Credits.Alerts {
-		out = append(out, fmt.Sprintf("%s, balance %d", a.Text, a.Balance))
+	for _, e := range evs {
+		line := string(e.Kind)
+		switch e.Kind {
+		case events.Used:
+			line += " " + human.Percent(e.Fraction)
+		case events.Below:
+			line += " " + strconv.FormatInt(e.Level, 10)
+		}
+		out = append(out, fmt.Sprintf("%s, balance %d", line, e.Balance))
 	}
 	return out
 }

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgratelimit/pgratelimit/cmd/pgratelimit/internal/human"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -61,7 +59,7 @@ type job struct {
 	kill   chan struct{} // closed to kill it
 }
 
-func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, c jobsConfig) (*jobs, error) {
+func newJobs(pool *pgxpool.Pool, log *slog.Logger, c jobsConfig) (*jobs, error) {
 	j := &jobs{ttl: c.ttl, runFor: c.runFor, log: log, all: make(map[string]*job), done: make(chan struct{})}
 	if j.ttl == 0 {
 		j.ttl = defaultJobsTTL
@@ -69,7 +67,7 @@ func newJobs(pool *pgxpool.Pool, log *slog.Logger, mp *sdkmetric.MeterProvider, 
 	if j.runFor == 0 {
 		j.runFor = defaultJobFor
 	}
-	sem, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: jobsPrefix, Max: jobsMax, TTL: j.ttl, MeterProvider: mp})
+	sem, err := pgratelimit.NewSemaphore(pool, pgratelimit.SemaphoreConfig{Prefix: jobsPrefix, Max: jobsMax, TTL: j.ttl})
 	if err != nil {
 		return nil, err
 	}
@@ -213,58 +211,47 @@ func (j *jobs) stop() {
 	j.wg.Wait()
 }
 
-// jobsJSON is the jobs card's state: the semaphore's policy, the key's live
-// leases (oldest first) as its slots, and what holds each.
+// jobsJSON is the jobs card's state: the semaphore's policy, and the units
+// of the key's live leases: Held in all, Running of them held by the
+// demo's running jobs, Killed by its killed ones (their lease left to
+// expire), the rest by other holders (the CLI, say). Each lease, with its
+// token and expiry, is on the key's page of the operator UI.
 type jobsJSON struct {
-	Prefix      string     `json:"prefix"`
-	Max         int64      `json:"max"`
-	TTLMS       int64      `json:"ttl_ms"`
-	HeartbeatMS int64      `json:"heartbeat_ms"`
-	JobMS       int64      `json:"job_ms"`
-	Held        int64      `json:"held"`
-	Slots       []slotJSON `json:"slots"`
-}
-
-// slotJSON is a live lease. Holder is running (a job of the demo, which
-// EndsInMS from now), killed (its heartbeat stopped: the lease expires
-// ExpiresInMS from now, and the slot comes back then) or other (a lease
-// the demo did not take: the CLI's, say).
-type slotJSON struct {
-	ID          string `json:"id"`
-	Token       int64  `json:"token"`
-	Weight      int64  `json:"weight"`
-	ExpiresInMS int64  `json:"expires_in_ms"`
-	Holder      string `json:"holder"`
-	EndsInMS    int64  `json:"ends_in_ms,omitempty"`
+	Prefix      string `json:"prefix"`
+	Max         int64  `json:"max"`
+	TTLMS       int64  `json:"ttl_ms"`
+	HeartbeatMS int64  `json:"heartbeat_ms"`
+	JobMS       int64  `json:"job_ms"`
+	Held        int64  `json:"held"`
+	Running     int64  `json:"running"`
+	Killed      int64  `json:"killed"`
 }
 
 // state reads key's live leases, and forgets the killed jobs whose lease
 // is gone.
 func (j *jobs) state(ctx context.Context, key string) (jobsJSON, error) {
 	st := jobsJSON{Prefix: jobsPrefix, Max: jobsMax, TTLMS: j.ttl.Milliseconds(), HeartbeatMS: (j.ttl / 3).Milliseconds(),
-		JobMS: j.runFor.Milliseconds(), Slots: []slotJSON{}}
+		JobMS: j.runFor.Milliseconds()}
 	ls, err := j.sem.Leases(ctx, key)
 	if err != nil {
 		return st, err
 	}
-	now := time.Now()
+	live := make(map[string]bool, len(ls))
+	for _, l := range ls {
+		st.Held += l.Weight
+		live[l.ID] = true
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for _, l := range ls {
-		s := slotJSON{ID: l.ID, Token: l.Token, Weight: l.Weight, ExpiresInMS: max(l.ExpiresAt.Sub(now).Milliseconds(), 0), Holder: "other"}
-		switch jb := j.all[l.ID]; {
-		case jb == nil:
-		case jb.killed:
-			s.Holder = "killed"
-		default:
-			s.Holder, s.EndsInMS = "running", max(jb.ends.Sub(now).Milliseconds(), 1)
-		}
-		st.Held += l.Weight
-		st.Slots = append(st.Slots, s)
-	}
 	for id, jb := range j.all {
-		if jb.key == key && jb.killed && !slices.ContainsFunc(ls, func(l pgratelimit.Lease) bool { return l.ID == id }) {
+		switch {
+		case jb.key != key:
+		case jb.killed && !live[id]:
 			delete(j.all, id)
+		case jb.killed:
+			st.Killed += jb.lease.Weight
+		case live[id]:
+			st.Running += jb.lease.Weight
 		}
 	}
 	return st, nil
@@ -280,10 +267,10 @@ func (a *app) serveJobStart(w http.ResponseWriter, r *http.Request, key string) 
 	}
 	if !res.Allowed {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64((res.RetryAfter+time.Second-1)/time.Second), 10))
-		return a.writeJobs(w, r, key, http.StatusTooManyRequests, fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
+		return writeMessage(w, http.StatusTooManyRequests, fmt.Sprintf("Denied: all %d slots are held (%d of %d), so no job started. The soonest lease expires in %s; a job that ends releases its slot sooner.",
 			res.Limit, res.Limit-res.Remaining, res.Limit, human.Duration(res.RetryAfter)))
 	}
-	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
+	return writeMessage(w, http.StatusOK, fmt.Sprintf("Started a job with lease token %d: it runs %s, extending its lease every %s, then releases it. %d of %d slots held.",
 		res.Lease.Token, human.Duration(a.jobs.runFor), human.Duration(a.jobs.ttl/3), res.Limit-res.Remaining, res.Limit))
 }
 
@@ -295,7 +282,7 @@ func (a *app) serveJobKill(w http.ResponseWriter, r *http.Request, key string) e
 		msg = fmt.Sprintf("Killed the job with lease token %d without releasing its lease: no more heartbeats, so its slot comes back when the lease expires, in %s.",
 			l.Token, human.Duration(max(time.Until(l.ExpiresAt), 0)))
 	}
-	return a.writeJobs(w, r, key, http.StatusOK, msg)
+	return writeMessage(w, http.StatusOK, msg)
 }
 
 // serveJobsReset stops the client's jobs and releases its leases.
@@ -303,15 +290,5 @@ func (a *app) serveJobsReset(w http.ResponseWriter, r *http.Request, key string)
 	if err := a.jobs.reset(r.Context(), key); err != nil {
 		return err
 	}
-	return a.writeJobs(w, r, key, http.StatusOK, fmt.Sprintf("Started over: every job stopped and every lease released, %d slots free.", jobsMax))
-}
-
-// writeJobs answers with status, msg and the jobs card's state.
-func (a *app) writeJobs(w http.ResponseWriter, r *http.Request, key string, status int, msg string) error {
-	st, err := a.jobs.state(r.Context(), key)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, status, map[string]any{"message": msg, "jobs": st})
-	return nil
+	return writeMessage(w, http.StatusOK, fmt.Sprintf("Started over: every job stopped and every lease released, %d slots free.", jobsMax))
 }

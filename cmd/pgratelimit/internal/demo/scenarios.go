@@ -47,7 +47,7 @@ func (a *app) serveReset(w http.ResponseWriter, r *http.Request, key string) err
 	if err := errors.Join(p.l.Reset(r.Context(), key), p.minute.Reset(r.Context(), key)); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"tokens": p.cfg.Capacity})
+	writeJSON(w, http.StatusOK, map[string]any{"tokens": p.l.Config().Capacity})
 	return nil
 }
 
@@ -68,7 +68,7 @@ type rollbackJSON struct {
 func (a *app) serveRollback(w http.ResponseWriter, r *http.Request, key string) error {
 	ctx := r.Context()
 	p := a.cur.Load()
-	out := rollbackJSON{Cost: costParam(r), Capacity: p.cfg.Capacity}
+	out := rollbackJSON{Cost: costParam(r), Capacity: p.l.Config().Capacity}
 	before, err := p.l.Peek(ctx, key)
 	if err != nil {
 		return err

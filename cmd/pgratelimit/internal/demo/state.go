@@ -42,12 +42,11 @@ type stateJSON struct {
 	Minute  bucketJSON  `json:"minute"`
 	Credits creditsJSON `json:"credits"`
 	Jobs    jobsJSON    `json:"jobs"`
-	Checks  checkCounts `json:"checks"`
 	Error   string      `json:"error,omitempty"`
 }
 
 func describePolicy(p *policy) policyJSON {
-	c, m := p.cfg, p.minute.Config()
+	c, m := p.l.Config(), p.minute.Config()
 	// The middleware's RateLimit-Policy, its window from the one place that
 	// computes it (the bucket's fill time: full or not, it is the same).
 	full := pgratelimit.MultiResult{Allowed: true, Results: []pgratelimit.Result{{Limit: c.Capacity, Remaining: c.Capacity}}}
@@ -74,7 +73,7 @@ func bucketOf(r pgratelimit.Result, cfg pgratelimit.Config) bucketJSON {
 }
 
 // state peeks at key's buckets (taking nothing), reads its credits and its
-// jobs' leases, and the counters.
+// jobs' leases.
 func (a *app) state(ctx context.Context, key string) stateJSON {
 	p := a.cur.Load()
 	st := stateJSON{TimeMS: time.Now().UnixMilli(), Key: key, Policy: describePolicy(p)}
@@ -82,7 +81,7 @@ func (a *app) state(ctx context.Context, key string) stateJSON {
 	if r, err := p.l.Peek(ctx, key); err != nil {
 		errs = append(errs, err)
 	} else {
-		st.Bucket = bucketOf(r, p.cfg)
+		st.Bucket = bucketOf(r, p.l.Config())
 	}
 	if r, err := p.minute.Peek(ctx, key); err != nil {
 		errs = append(errs, err)
@@ -99,11 +98,6 @@ func (a *app) state(ctx context.Context, key string) stateJSON {
 	} else {
 		st.Jobs = j
 	}
-	c, err := a.counts.counts(ctx)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	st.Checks = c
 	if err := errors.Join(errs...); err != nil {
 		st.Error = clierr.Text(err)
 	}
@@ -141,6 +135,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeMessage answers an action with status and msg, what it did, in
+// words; the cards' state comes from the state and its event stream.
+func writeMessage(w http.ResponseWriter, status int, msg string) error {
+	writeJSON(w, status, map[string]string{"message": msg})
+	return nil
 }
 
 func (a *app) serveState(w http.ResponseWriter, r *http.Request, key string) error {

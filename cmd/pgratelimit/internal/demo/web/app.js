@@ -66,12 +66,8 @@ function update(st) {
     : `next refill (+${p.refill}) in ${fmtMs(b.next_refill_ms)} · full in ${fmtMs(b.full_in_ms)}`;
   $("minute").textContent = `${st.minute.tokens} of ${st.minute.capacity}`;
   $("minute-gauge").style.width = `${st.minute.capacity ? (100 * st.minute.tokens) / st.minute.capacity : 0}%`;
-  showCredits(st.credits);
-  showJobs(st.jobs);
-  $("count-allowed").textContent = String(st.checks.allowed);
-  $("count-denied").textContent = String(st.checks.denied);
-  $("count-invalid").textContent = String(st.checks.invalid);
-  $("count-errors").textContent = String(st.checks.errors);
+  showCredits(st.credits, st.key);
+  showJobs(st.jobs, st.key);
   $("policy").textContent =
     `Capacity ${p.capacity}, Refill ${p.refill} every ${p.interval}, ${p.storage}: RateLimit-Policy: ${p.header}`;
   if (p.gen !== formGen) {
@@ -88,8 +84,12 @@ function update(st) {
   draw(now);
 }
 
-// showCredits shows the credits scenario's quota and granted balance.
-function showCredits(c) {
+// keyPage is the operator UI's page of key under prefix.
+const keyPage = (prefix, key) => `admin/key?prefix=${encodeURIComponent(prefix)}&key=${encodeURIComponent(key)}`;
+
+// showCredits shows the credits scenario's quota and granted balance, and
+// links to key's page in the operator UI for its grants, ledger and alerts.
+function showCredits(c, key) {
   $("credits-prefix").textContent = c.prefix;
   $("credits-quota").textContent = String(c.quota);
   $("credits-capacity").textContent = String(c.capacity);
@@ -102,37 +102,14 @@ function showCredits(c) {
   $("credits-granted").textContent = String(c.granted);
   // Granted credits have no cap: the gauge is on the quota's scale.
   $("credits-granted-gauge").style.width = `${c.capacity ? Math.min(100, (100 * c.granted) / c.capacity) : 0}%`;
-  const items = (c.grants || []).map((g) => {
-    const li = document.createElement("li");
-    li.textContent = `${g.amount} credits, ` +
-      (g.expires_at ? `expires ${new Date(g.expires_at).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" })}` : "never expire" + (g.amount === 1 ? "s" : ""));
-    return li;
-  });
-  if (!items.length) items.push(Object.assign(document.createElement("li"), { textContent: "no grants" }));
-  $("credits-grants").replaceChildren(...items);
-  showAlerts(c.alerts || []);
+  $("credits-admin").href = keyPage(c.prefix, key);
 }
 
-// showAlerts lists the credits key's latest usage alerts, newest last, each
-// pending until the demo's consumer delivers it.
-function showAlerts(alerts) {
-  const items = alerts.map((a) => {
-    const li = document.createElement("li");
-    li.dataset.testid = "credits-alert";
-    const state = a.delivered ? "delivered" : a.attempts ? `pending (${a.attempts} attempts)` : "pending";
-    li.append(span("n", `#${a.id}`), " ", span("text", a.text), " ",
-      span("at", `balance ${a.balance} · ${new Date(a.at).toLocaleTimeString()}`), " ",
-      span(`state ${a.delivered ? "delivered" : "pending"}`, state));
-    return li;
-  });
-  if (!items.length) items.push(Object.assign(document.createElement("li"), { className: "none", textContent: "no alerts yet" }));
-  $("credits-alerts").replaceChildren(...items);
-}
-
-// showJobs shows the jobs card: each live lease of the key (oldest first) as
-// a slot, with what holds it, its fencing token and when it expires, then
-// the free slots.
-function showJobs(j) {
+// showJobs shows the jobs card: the slots the key's live leases hold, by
+// what holds them (the demo's killed jobs, its running ones, another
+// holder), then the free slots; each lease is on key's page in the
+// operator UI.
+function showJobs(j, key) {
   $("jobs-prefix").textContent = j.prefix;
   $("jobs-max").textContent = String(j.max);
   $("jobs-policy").textContent = `Max ${j.max} slots per key, TTL ${fmtMs(j.ttl_ms)}: a lease counts until released, or until ` +
@@ -146,16 +123,18 @@ function showJobs(j) {
     li.append(span("n", `slot ${n}`), ...parts.flatMap((p) => [" ", p]));
     return li;
   };
-  const items = (j.slots || []).map((s, i) => {
-    const what = s.holder === "running" ? `job running, ends in ${fmtMs(s.ends_in_ms)}`
-      : s.holder === "killed" ? "killed: no heartbeat, no release"
-        : "held by another holder (the CLI?)";
-    const left = s.holder === "killed" ? `back in ${fmtMs(s.expires_in_ms)}` : `lease expires in ${fmtMs(s.expires_in_ms)}`;
-    const token = `token ${s.token}` + (s.weight > 1 ? `, ${s.weight} units` : "");
-    return slot(i + 1, s.holder, span("what", what), span("token", token), span("left", left));
-  });
-  for (let i = 0; i < Math.max(0, j.max - j.held); i++) items.push(slot(items.length + 1, "free", span("what", "free")));
+  const holders = [
+    ["killed", j.killed, "killed: no heartbeat, no release", "back when its lease expires"],
+    ["running", j.running, "job running", "extends its lease"],
+    ["other", j.held - j.running - j.killed, "held by another holder (the CLI?)", "until released or expired"],
+    ["free", j.max - j.held, "free", ""],
+  ];
+  const items = [];
+  for (const [state, n, what, left] of holders) {
+    for (let i = 0; i < n; i++) items.push(slot(items.length + 1, state, span("what", what), ...(left ? [span("left", left)] : [])));
+  }
   $("jobs-slots").replaceChildren(...items);
+  $("jobs-admin").href = keyPage(j.prefix, key);
 }
 
 // ---- the chart: tokens over the last 30 s, with the refill grid -----------
