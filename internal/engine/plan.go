@@ -124,6 +124,9 @@ type Attempt struct {
 	// clears, in order.
 	overrides      map[Row]Override
 	overrideWrites []overrideWrite
+	// unknown are the rows whose copy of their override the locks found
+	// unknown and resolved: close writes the copy of those it writes.
+	unknown []Row
 }
 
 // overrideWrite is an override set on a row (o not nil), or cleared.
@@ -222,6 +225,7 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			ovCap      *int64 // NULL: no override
 			ovRefill   *int64
 			ovUntil    *time.Time
+			ovUnknown  *bool // the row's copy was unknown (NULL: no override; see sqlgen.Table.Overrides)
 			clock      time.Time
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
@@ -233,7 +237,7 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			dest = slices.Insert(dest, 6, any(&leases))
 		}
 		if a.inlineOverrides() {
-			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil))
+			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil), any(&ovUnknown))
 		}
 		if placed {
 			dest = append(dest, &here)
@@ -243,7 +247,7 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 		}
 		for rs.Next() {
 			r, b, capacity, leases, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil, nil
-			ovCap, ovRefill, ovUntil = nil, nil, nil
+			ovCap, ovRefill, ovUntil, ovUnknown = nil, nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
@@ -271,6 +275,9 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 					o.Until = *ovUntil
 				}
 				a.setOverride(r, o)
+			}
+			if ovUnknown != nil && *ovUnknown {
+				a.unknown = append(a.unknown, r)
 			}
 			if id != nil {
 				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
@@ -364,6 +371,11 @@ func (a *Attempt) close() []Stmt {
 	}
 	for s, part := range byStorage(changed) {
 		stmts = append(stmts, a.shape.Update(s, part, a)...)
+	}
+	for _, r := range a.unknown {
+		if slices.Contains(changed, r) {
+			stmts = append(stmts, a.markStmt(r))
+		}
 	}
 	if grants := a.grantRows(); len(grants) > 0 {
 		stmts = append(stmts, a.shape.Values(sqlgen.Grants.Write, grants, nil)...)
@@ -463,6 +475,21 @@ func (a *Attempt) holdOthers(before bool) []Stmt {
 		}
 	}
 	return stmts
+}
+
+// markStmt writes r's copy of its key's override as a's lock resolved it
+// (sqlgen.Statements.Mark), so that r's copy is known from then on: for a
+// row a writes whose copy was unknown. An override set or cleared in a
+// (overrideWrites) is written after it.
+func (a *Attempt) markStmt(r Row) Stmt {
+	args := []any{r.Prefix, r.Key, nil, nil, ""}
+	if o, ok := a.overrides[r]; ok {
+		args[2], args[3] = o.Capacity, o.Refill
+		if !o.Until.IsZero() {
+			args[4] = o.Until.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return Stmt{SQL: r.Storage.Statements().Mark, Args: args}
 }
 
 // setOverride notes o as r's override, as read by a's locks.

@@ -69,29 +69,10 @@ func (OneRow) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 }
 
 // updateArgs are the parameters of the one-row UPDATE of r's bucket as
-// decided (and of its copy of the key's override, as resolved by its lock,
-// when a's locks read them: see sqlgen.Table.Overrides).
+// decided.
 func (a *Attempt) updateArgs(r Row) []any {
 	b := a.state[r].Bucket
-	args := []any{r.Prefix, r.Key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
-	if a.inlineOverrides() {
-		c, rf, until := a.overrideCopy(r)
-		args = append(args, c, rf, until)
-	}
-	return args
-}
-
-// overrideCopy is r's copy of its key's override as a's Update writes it:
-// capacity and refill (0 for none) and until (empty for none).
-func (a *Attempt) overrideCopy(r Row) (capacity, refill int64, until string) {
-	o, ok := a.overrides[r]
-	if !ok {
-		return 0, 0, ""
-	}
-	if !o.Until.IsZero() {
-		until = o.Until.UTC().Format(time.RFC3339Nano)
-	}
-	return o.Capacity, o.Refill, until
+	return []any{r.Prefix, r.Key, b.Tokens, b.RefilledAt, b.ExpiresAt, b.Capacity}
 }
 
 // Values sends sql once per row of values, times as text.
@@ -150,16 +131,6 @@ func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.RefilledAt }),
 		sqlgen.TimeArray(len(rows), func(i int) time.Time { return a.state[rows[i]].Bucket.ExpiresAt }),
 		sqlgen.Int64Array(len(rows), func(i int) int64 { return a.state[rows[i]].Bucket.Capacity }),
-	}
-	if a.inlineOverrides() {
-		caps, refills, untils := make([]int64, len(rows)), make([]int64, len(rows)), make([]string, len(rows))
-		for i, r := range rows {
-			caps[i], refills[i], untils[i] = a.overrideCopy(r)
-		}
-		args = append(args,
-			sqlgen.Int64Array(len(rows), func(i int) int64 { return caps[i] }),
-			sqlgen.Int64Array(len(rows), func(i int) int64 { return refills[i] }),
-			sqlgen.TextArray(len(rows), func(i int) string { return untils[i] }))
 	}
 	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args}}
 }

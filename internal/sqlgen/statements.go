@@ -38,7 +38,8 @@ type Statements struct {
 	// Mark writes the override columns of one row ($1, $2), if it exists:
 	// ov_capacity $3 and ov_refill $4 (NULL: no override), ov_until $5 (''
 	// for none), so that the row's copy is known. SetOverride and
-	// ClearOverride, under the row's lock.
+	// ClearOverride, under the row's lock; and a check's write of a row
+	// whose copy its lock found unknown.
 	Mark string
 	// Hold locks one row ($1, $2), if it exists: the other table's row
 	// that a Mark writes later in the transaction, locked in the rows'
@@ -94,10 +95,11 @@ type Table struct {
 	// that lock (Statements.Mark); or, for a row whose copy is unknown
 	// (ov_capacity Unknown: a row made since, by any check, or by a release
 	// before the copy), the key's row of pgratelimit_overrides read after
-	// the lock (ovJoin). Their Update writes the resolved copy back (NULL,
-	// or the override: $7 capacity and $8 refill, 0 for NULL, $9 until, ''
-	// for NULL), so the row is known from then on. Their Insert is the plain
-	// one. The statements of a transaction with a charge of a limiter with
+	// the lock (ovJoin); and last, whether the copy was unknown. Their
+	// Insert and Update are the plain ones: the engine writes the resolved
+	// copy of a row that was unknown with Mark, after the row's UPDATE (only
+	// rows a check writes, as new rows are rare), so the row is known from
+	// then on. The statements of a transaction with a charge of a limiter with
 	// Config.Overrides; nil for Citus's, which reads overrides in statements
 	// of their own (Overrides.Read).
 	Overrides *Table
@@ -209,12 +211,14 @@ const Unknown = -1
 
 // ovCols are the override of the rows named alias (and the override
 // function's row f), resolved: the row's copy when known, else f's, the
-// key's override as read after the row's lock (NULL capacity: none).
+// key's override as read after the row's lock (NULL capacity: none); then
+// whether the copy was unknown (the engine then writes it, Mark, with the
+// row's UPDATE).
 func ovCols(alias string) string {
 	unknown := alias + `.ov_capacity = ` + strconv.Itoa(Unknown)
 	return `, CASE WHEN ` + unknown + ` THEN f.capacity ELSE ` + alias + `.ov_capacity END` +
 		`, CASE WHEN ` + unknown + ` THEN f.refill ELSE ` + alias + `.ov_refill END` +
-		`, CASE WHEN ` + unknown + ` THEN f.until ELSE ` + alias + `.ov_until END`
+		`, CASE WHEN ` + unknown + ` THEN f.until ELSE ` + alias + `.ov_until END, ` + unknown
 }
 
 // ovJoin joins, as f, the override that pgratelimit_override reads for the
@@ -284,14 +288,6 @@ ORDER BY r.i`
 FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
      AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
 WHERE t.prefix = r.prefix AND t.key = r.key`
-	if ov {
-		update = `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity,
-    ov_capacity = NULLIF(r.ov_capacity, 0), ov_refill = NULLIF(r.ov_refill, 0), ov_until = NULLIF(r.ov_until, '')::timestamptz
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[],
-            $7::text::bigint[], $8::text::bigint[], $9::text::text[])
-     AS r(prefix, key, tokens, refilled_at, expires_at, capacity, ov_capacity, ov_refill, ov_until)
-WHERE t.prefix = r.prefix AND t.key = r.key`
-	}
 	return Table{
 		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
@@ -327,10 +323,6 @@ FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("
 	lock = withOv(lock, ov, ovCols("b"), ovJoin("b"))
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
 	update := `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`
-	if ov {
-		update = `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6,
-    ov_capacity = NULLIF($7::bigint, 0), ov_refill = NULLIF($8::bigint, 0), ov_until = NULLIF($9, '')::timestamptz WHERE prefix = $1 AND key = $2`
-	}
 	return Table{
 		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
