@@ -12,7 +12,11 @@
 -- function, so that it reads with a snapshot taken after the lock (a plain
 -- join would read the statement's snapshot, taken before the lock was
 -- waited for, and miss an override committed meanwhile), called for
--- unknown rows only. A check of a limiter with Config.Overrides that writes
+-- unknown rows only (in a CASE of the lock's select list: no join, which
+-- cost every row). It returns the override as text, '' for none, else
+-- capacity, refill and until (microseconds since the epoch, or '-' for no
+-- end) separated by spaces: one value, read in one snapshot, that every
+-- driver scans. A check of a limiter with Config.Overrides that writes
 -- the row writes the copy it resolved, so the row is known from then on.
 -- SetOverride and ClearOverride write the table and the copy in one
 -- transaction, under the row's lock, in both bucket tables (limiters of
@@ -50,11 +54,14 @@ ALTER TABLE pgratelimit_buckets ADD COLUMN ov_capacity bigint DEFAULT -1, ADD CO
 ALTER TABLE pgratelimit_ephemeral_buckets ADD COLUMN ov_capacity bigint DEFAULT -1, ADD COLUMN ov_refill bigint, ADD COLUMN ov_until timestamptz;
 
 -- +goose StatementBegin
-CREATE FUNCTION pgratelimit_override(p text, k text)
-RETURNS TABLE (capacity bigint, refill bigint, until timestamptz)
-LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+CREATE FUNCTION pgratelimit_override(p text, k text) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r text;
 BEGIN
-    RETURN QUERY SELECT o.capacity, o.refill, o.until FROM pgratelimit_overrides o WHERE o.prefix = p AND o.key = k;
+    SELECT o.capacity || ' ' || o.refill || ' ' || COALESCE((extract(epoch FROM o.until) * 1000000)::bigint::text, '-')
+    INTO r FROM pgratelimit_overrides o WHERE o.prefix = p AND o.key = k;
+    RETURN COALESCE(r, '');
 END
 $$;
 -- +goose StatementEnd

@@ -174,6 +174,50 @@ func TestOverrideUntil(t *testing.T) {
 	mustResult(t, r, err, 10, 9)
 }
 
+// A row whose copy of its override is unknown (a row made since, or before
+// the copy existed) is decided under the override as read after its lock,
+// to the microsecond of its Until, and an allowed check writes the copy.
+func TestOverrideUnknownCopyUntil(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	clock := &testClock{now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	l, err := New(pool, Config{Prefix: "unknown-until", Capacity: 10, Refill: 10, Interval: 24 * time.Hour, Clock: clock.Now, Overrides: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := clock.Now().Add(time.Hour + 123456*time.Microsecond)
+	r, err := l.SetOverride(ctx, "k", Override{Capacity: 1000, Refill: 1000, Until: until})
+	mustResult(t, r, err, 1000, 1000)
+	forget := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE pgratelimit_buckets SET ov_capacity = -1, ov_refill = NULL, ov_until = NULL WHERE prefix = 'unknown-until'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyOf := func() (c *int64, u *time.Time) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT ov_capacity, ov_until FROM pgratelimit_buckets WHERE prefix = 'unknown-until' AND key = 'k'`).Scan(&c, &u); err != nil {
+			t.Fatal(err)
+		}
+		return c, u
+	}
+	forget()
+	r, err = l.AllowN(ctx, "k", 500)
+	mustResult(t, r, err, 1000, 500)
+	if c, u := copyOf(); c == nil || *c != 1000 || u == nil || !u.Equal(until) {
+		t.Fatalf("the copy written after the check: %v, %v; want 1000 until %v", c, u, until)
+	}
+	forget()
+	clock.Add(until.Add(-time.Microsecond).Sub(clock.Now()))
+	r, err = l.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 1000, 499)
+	forget()
+	clock.Add(time.Microsecond) // Until: the override has ended
+	r, err = l.AllowN(ctx, "k", 1)
+	mustResult(t, r, err, 10, 9)
+}
+
 // SetOverride and ClearOverride in the caller's transaction: written only
 // if it commits.
 func TestOverrideInTx(t *testing.T) {

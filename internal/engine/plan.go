@@ -3,8 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
@@ -222,10 +224,10 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			b          account.Bucket
 			capacity   *int64 // NULL: written by an older release
 			leases     *string
-			ovCap      *int64 // NULL: no override
+			ovCap      *int64 // the row's copy: NULL, no override; sqlgen.Unknown, unknown
 			ovRefill   *int64
 			ovUntil    *time.Time
-			ovUnknown  *bool // the row's copy was unknown (NULL: no override; see sqlgen.Table.Overrides)
+			ovRead     *string // an unknown copy's override, as read after the lock (see sqlgen.Table.Overrides)
 			clock      time.Time
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
@@ -237,7 +239,7 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			dest = slices.Insert(dest, 6, any(&leases))
 		}
 		if a.inlineOverrides() {
-			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil), any(&ovUnknown))
+			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil), any(&ovRead))
 		}
 		if placed {
 			dest = append(dest, &here)
@@ -247,7 +249,7 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 		}
 		for rs.Next() {
 			r, b, capacity, leases, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil, nil
-			ovCap, ovRefill, ovUntil, ovUnknown = nil, nil, nil, nil
+			ovCap, ovRefill, ovUntil, ovRead = nil, nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
@@ -270,14 +272,16 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 				a.data[r] = *leases
 			}
 			if ovCap != nil {
-				o := Override{Capacity: *ovCap, Refill: *ovRefill}
-				if ovUntil != nil {
-					o.Until = *ovUntil
+				o, err := overrideOf(*ovCap, ovRefill, ovUntil, ovRead)
+				if err != nil {
+					return fmt.Errorf("the override of key %q of prefix %q: %w", r.Key, r.Prefix, err)
 				}
-				a.setOverride(r, o)
-			}
-			if ovUnknown != nil && *ovUnknown {
-				a.unknown = append(a.unknown, r)
+				if *ovCap == sqlgen.Unknown {
+					a.unknown = append(a.unknown, r)
+				}
+				if o != nil {
+					a.setOverride(r, *o)
+				}
 			}
 			if id != nil {
 				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
@@ -475,6 +479,45 @@ func (a *Attempt) holdOthers(before bool) []Stmt {
 		}
 	}
 	return stmts
+}
+
+// overrideOf is the override a lock read of a row (sqlgen.Table.Overrides):
+// its copy (capacity, refill, until), or, when the copy is unknown, what
+// pgratelimit_override read after the lock ("" for none, else "capacity
+// refill until", until in microseconds since the epoch or "-"). nil: none.
+func overrideOf(capacity int64, refill *int64, until *time.Time, read *string) (*Override, error) {
+	if capacity != sqlgen.Unknown {
+		if refill == nil {
+			return nil, fmt.Errorf("the row's copy has a capacity (%d) and no refill", capacity)
+		}
+		o := &Override{Capacity: capacity, Refill: *refill}
+		if until != nil {
+			o.Until = *until
+		}
+		return o, nil
+	}
+	if read == nil || *read == "" {
+		return nil, nil
+	}
+	f := strings.Fields(*read)
+	if len(f) != 3 {
+		return nil, fmt.Errorf("pgratelimit_override returned %q", *read)
+	}
+	o := &Override{}
+	var err1, err2 error
+	o.Capacity, err1 = strconv.ParseInt(f[0], 10, 64)
+	o.Refill, err2 = strconv.ParseInt(f[1], 10, 64)
+	if f[2] != "-" {
+		us, err := strconv.ParseInt(f[2], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("pgratelimit_override returned %q: %w", *read, err)
+		}
+		o.Until = time.UnixMicro(us).UTC()
+	}
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("pgratelimit_override returned %q: %w", *read, err)
+	}
+	return o, nil
 }
 
 // markStmt writes r's copy of its key's override as a's lock resolved it

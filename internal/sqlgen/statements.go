@@ -86,22 +86,20 @@ type Table struct {
 	// Part, which reads them under the lock, in the same statement. A
 	// transaction of checks alone reads no more than it needs.
 	Data *Table
-	// Overrides are these statements also reading each row's override
-	// (capacity, refill and until, NULL for a key without one), after
-	// capacity and the leases column, resolved: the row's copy of it (its
+	// Overrides are these statements also reading each row's override,
+	// after capacity and the leases column: the row's copy of it (its
 	// ov_capacity, ov_refill and ov_until columns), as of its lock (FOR
 	// UPDATE under READ COMMITTED returns the newest committed version of
 	// the row it locks), which every writer of an override writes under
-	// that lock (Statements.Mark); or, for a row whose copy is unknown
-	// (ov_capacity Unknown: a row made since, by any check, or by a release
-	// before the copy), the key's row of pgratelimit_overrides read after
-	// the lock (ovJoin); and last, whether the copy was unknown. Their
-	// Insert and Update are the plain ones: the engine writes the resolved
-	// copy of a row that was unknown with Mark, after the row's UPDATE (only
-	// rows a check writes, as new rows are rare), so the row is known from
-	// then on. The statements of a transaction with a charge of a limiter with
-	// Config.Overrides; nil for Citus's, which reads overrides in statements
-	// of their own (Overrides.Read).
+	// that lock (Statements.Mark); and, for a row whose copy is unknown
+	// (ov_capacity Unknown: a row made since by any check, or before the
+	// copy existed), the key's override read after the lock (see ovCols).
+	// Their Insert and Update are the plain ones: the engine writes the
+	// resolved copy of a row that was unknown with Mark, after the row's
+	// UPDATE, so the row is known from then on. The statements of a
+	// transaction with a charge of a limiter with Config.Overrides; nil for
+	// Citus's, which reads overrides in statements of their own
+	// (Overrides.Read).
 	Overrides *Table
 }
 
@@ -182,16 +180,16 @@ RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + 
 		return q + `, ` + clock
 	}
 	return `WITH b AS (` + q + `, b.ov_capacity, b.ov_refill, b.ov_until, ` + clock + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b") + `, b.clock
-FROM b` + ovJoin("b")
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", "b") + `, b.clock
+FROM b`
 }
 
 // relockGrants is relock with the rows' grants.
 func relockGrants(t, values string, data, ov bool) string {
 	if ov {
 		return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock, b.ov_capacity, b.ov_refill, b.ov_until)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b") + `, b.clock` + grantCols + `
-FROM b` + ovJoin("b") + grantsOf("b")
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", "b") + `, b.clock` + grantCols + `
+FROM b` + grantsOf("b")
 	}
 	return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock)
 SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, b.clock` + grantCols + `
@@ -209,31 +207,21 @@ const OverrideFunc = "pgratelimit_override"
 // ClearOverride does.
 const Unknown = -1
 
-// ovCols are the override of the rows named alias (and the override
-// function's row f), resolved: the row's copy when known, else f's, the
-// key's override as read after the row's lock (NULL capacity: none); then
-// whether the copy was unknown (the engine then writes it, Mark, with the
-// row's UPDATE).
-func ovCols(alias string) string {
-	unknown := alias + `.ov_capacity = ` + strconv.Itoa(Unknown)
-	return `, CASE WHEN ` + unknown + ` THEN f.capacity ELSE ` + alias + `.ov_capacity END` +
-		`, CASE WHEN ` + unknown + ` THEN f.refill ELSE ` + alias + `.ov_refill END` +
-		`, CASE WHEN ` + unknown + ` THEN f.until ELSE ` + alias + `.ov_until END, ` + unknown
-}
-
-// ovJoin joins, as f, the override that pgratelimit_override reads for the
-// rows named alias whose copy is unknown, and only for those: the function
-// is VOLATILE, so it reads with a snapshot taken when it runs, after the
-// row's lock (a join on the table would read the statement's, taken before
-// the lock was waited for); the WHERE is a one-time filter of the lateral
-// subquery, so a known row costs no call.
-func ovJoin(alias string) string { return ovJoinOf(alias, alias) }
-
-// ovJoinOf is ovJoin with the rows' prefix and key named keys.
-func ovJoinOf(alias, keys string) string {
-	return `
-LEFT JOIN LATERAL (SELECT * FROM ` + pgx.Identifier{OverrideFunc}.Sanitize() + `(` + keys + `.prefix, ` + keys + `.key) WHERE ` +
-		alias + `.ov_capacity = ` + strconv.Itoa(Unknown) + ` OFFSET 0) f ON true`
+// ovCols are the override columns of the rows named alias: the row's copy
+// (ov_capacity, ov_refill, ov_until: ov_capacity NULL for none, Unknown
+// for unknown), then, for a row whose copy is unknown, and only for those,
+// the key's override as pgratelimit_override reads it ('' for none, else
+// "capacity refill until", until in microseconds since the epoch or "-"),
+// NULL for a known row. The function is VOLATILE, so it reads with a
+// snapshot taken when it runs, after the row's lock (a join on the table
+// would read the statement's, taken before the lock was waited for); in a
+// CASE of the select list it runs for the rows whose copy is unknown, and
+// a known row costs a comparison (a lateral join of it cost every row a
+// rescan: about 2 µs of server CPU per check). keys names the relation of
+// the rows' prefix and key.
+func ovCols(alias, keys string) string {
+	return `, ` + alias + `.ov_capacity, ` + alias + `.ov_refill, ` + alias + `.ov_until, CASE WHEN ` + alias + `.ov_capacity = ` +
+		strconv.Itoa(Unknown) + ` THEN ` + pgx.Identifier{OverrideFunc}.Sanitize() + `(` + keys + `.prefix, ` + keys + `.key) END`
 }
 
 // dataCol is ", " and the leases column of the rows named alias ("":
@@ -279,8 +267,8 @@ func manyRows(t string, data, ov bool) Table {
 	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, ` + dbClock3 + `%[2]s
 FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + ` FROM ` + t + `
-         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[5]s%[3]s`
-	lock = withOv(lock, ov, ovCols("t"), ovJoinOf("t", "r"))
+         WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
+	lock = withOv(lock, ov, ovCols("t", "r"))
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
@@ -303,13 +291,12 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 }
 
 // withOv fills lock statement q's %[4]s (after capacity and the leases
-// column) with cols and its %[5]s (after the locked rows) with join, with
-// ov; else with nothing.
-func withOv(q string, ov bool, cols, join string) string {
+// column) with cols with ov; else with nothing.
+func withOv(q string, ov bool, cols string) string {
 	if !ov {
-		cols, join = "", ""
+		cols = ""
 	}
-	return strings.NewReplacer("%[4]s", cols, "%[5]s", join).Replace(q)
+	return strings.ReplaceAll(q, "%[4]s", cols)
 }
 
 // oneRow are the statements of one row with scalar parameters; extra, if
@@ -319,8 +306,8 @@ func withOv(q string, ov bool, cols, join string) string {
 func oneRow(t, extra string, data, ov bool) Table {
 	lock := `SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `%[4]s, ` + dbClock3 + extra + `%[2]s
 FROM (SELECT prefix, key, tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + ` FROM ` + t + `
-      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[5]s%[3]s`
-	lock = withOv(lock, ov, ovCols("b"), ovJoin("b"))
+      WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s) b%[3]s`
+	lock = withOv(lock, ov, ovCols("b", "b"))
 	values := `VALUES (` + newOne + expiryOf("$3::text::interval") + `)`
 	update := `UPDATE ` + t + ` SET tokens = $3, refilled_at = $4, expires_at = $5, capacity = $6 WHERE prefix = $1 AND key = $2`
 	return Table{
