@@ -210,7 +210,7 @@ const Unknown = -1
 // ovCols are the override columns of the rows named alias: the row's copy
 // (ov_capacity, ov_refill, ov_until: ov_capacity NULL for none, Unknown
 // for unknown), then, for a row whose copy is unknown, and only for those,
-// the key's override as pgratelimit_override reads it (” for none, else
+// the key's override as pgratelimit_override reads it (the empty string for none, else
 // "capacity refill until", until in microseconds since the epoch or "-"),
 // NULL for a known row. The function is VOLATILE, so it reads with a
 // snapshot taken when it runs, after the row's lock (a join on the table
