@@ -271,17 +271,8 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 				}
 				a.data[r] = *leases
 			}
-			if ovCap != nil {
-				o, err := overrideOf(*ovCap, ovRefill, ovUntil, ovRead)
-				if err != nil {
-					return fmt.Errorf("the override of key %q of prefix %q: %w", r.Key, r.Prefix, err)
-				}
-				if *ovCap == sqlgen.Unknown {
-					a.unknown = append(a.unknown, r)
-				}
-				if o != nil {
-					a.setOverride(r, *o)
-				}
+			if err := a.noteOverride(r, ovCap, ovRefill, ovUntil, ovRead); err != nil {
+				return err
 			}
 			if id != nil {
 				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
@@ -479,6 +470,26 @@ func (a *Attempt) holdOthers(before bool) []Stmt {
 		}
 	}
 	return stmts
+}
+
+// noteOverride notes the override the lock read of r (its copy, and what
+// pgratelimit_override read of an unknown copy; see overrideOf), and
+// whether r's copy was unknown.
+func (a *Attempt) noteOverride(r Row, capacity, refill *int64, until *time.Time, read *string) error {
+	if capacity == nil {
+		return nil // no override
+	}
+	o, err := overrideOf(*capacity, refill, until, read)
+	if err != nil {
+		return fmt.Errorf("the override of key %q of prefix %q: %w", r.Key, r.Prefix, err)
+	}
+	if *capacity == sqlgen.Unknown {
+		a.unknown = append(a.unknown, r)
+	}
+	if o != nil {
+		a.setOverride(r, *o)
+	}
+	return nil
 }
 
 // overrideOf is the override a lock read of a row (sqlgen.Table.Overrides):
