@@ -369,7 +369,7 @@ func (a *Attempt) close() []Stmt {
 	}
 	for _, r := range a.unknown {
 		if slices.Contains(changed, r) {
-			stmts = append(stmts, a.markStmt(r))
+			stmts = append(stmts, a.markOf(r))
 		}
 	}
 	if grants := a.grantRows(); len(grants) > 0 {
@@ -425,20 +425,30 @@ func (a *Attempt) inlineOverrides() bool {
 // bucket rows in both tables (a limiter of the other storage on the same
 // prefix reads them too; holdOthers made and locked the other table's).
 func (w overrideWrite) stmts(now time.Time) []Stmt {
-	k := []any{w.row.Prefix, w.row.Key}
+	marks := []Stmt{markStmt(w.row.Storage, w.row, w.o), markStmt(w.row.Storage.Other(), w.row, w.o)}
 	if w.o == nil {
-		return []Stmt{{SQL: sqlgen.Overrides.Clear, Args: k},
-			{SQL: w.row.Storage.Statements().Mark, Args: append(k, nil, nil, "")},
-			{SQL: w.row.Storage.Other().Statements().Mark, Args: append(k, nil, nil, "")}}
+		return append([]Stmt{{SQL: sqlgen.Overrides.Clear, Args: []any{w.row.Prefix, w.row.Key}}}, marks...)
 	}
-	until := ""
-	if !w.o.Until.IsZero() {
-		until = w.o.Until.UTC().Format(time.RFC3339Nano)
+	set := []any{w.row.Prefix, w.row.Key, w.o.Capacity, w.o.Refill, untilParam(w.o.Until), w.o.Note, now.UTC().Format(time.RFC3339Nano)}
+	return append([]Stmt{{SQL: sqlgen.Overrides.Set, Args: set}}, marks...)
+}
+
+// markStmt writes the copy of o (nil: none) on the row of r's key in the
+// table of storage s (sqlgen.Statements.Mark).
+func markStmt(s Storage, r Row, o *Override) Stmt {
+	args := []any{r.Prefix, r.Key, nil, nil, ""}
+	if o != nil {
+		args[2], args[3], args[4] = o.Capacity, o.Refill, untilParam(o.Until)
 	}
-	mark := append(k, w.o.Capacity, w.o.Refill, until)
-	return []Stmt{{SQL: sqlgen.Overrides.Set, Args: append(k, w.o.Capacity, w.o.Refill, until, w.o.Note, now.UTC().Format(time.RFC3339Nano))},
-		{SQL: w.row.Storage.Statements().Mark, Args: mark},
-		{SQL: w.row.Storage.Other().Statements().Mark, Args: mark}}
+	return Stmt{SQL: s.Statements().Mark, Args: args}
+}
+
+// untilParam is an override's end as a parameter: "" for none.
+func untilParam(until time.Time) string {
+	if until.IsZero() {
+		return ""
+	}
+	return until.UTC().Format(time.RFC3339Nano)
 }
 
 // holdOthers makes (a placeholder, as a check's INSERT does, its copy of the
@@ -531,19 +541,15 @@ func overrideOf(capacity int64, refill *int64, until *time.Time, read *string) (
 	return o, nil
 }
 
-// markStmt writes r's copy of its key's override as a's lock resolved it
-// (sqlgen.Statements.Mark), so that r's copy is known from then on: for a
-// row a writes whose copy was unknown. An override set or cleared in a
-// (overrideWrites) is written after it.
-func (a *Attempt) markStmt(r Row) Stmt {
-	args := []any{r.Prefix, r.Key, nil, nil, ""}
+// markOf writes r's copy of its key's override as a's lock resolved it, so
+// that r's copy is known from then on: for a row a writes whose copy was
+// unknown. An override set or cleared in a (overrideWrites) is written
+// after it.
+func (a *Attempt) markOf(r Row) Stmt {
 	if o, ok := a.overrides[r]; ok {
-		args[2], args[3] = o.Capacity, o.Refill
-		if !o.Until.IsZero() {
-			args[4] = o.Until.UTC().Format(time.RFC3339Nano)
-		}
+		return markStmt(r.Storage, r, &o)
 	}
-	return Stmt{SQL: r.Storage.Statements().Mark, Args: args}
+	return markStmt(r.Storage, r, nil)
 }
 
 // setOverride notes o as r's override, as read by a's locks.
