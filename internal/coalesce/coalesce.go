@@ -37,6 +37,16 @@ import (
 
 const (
 	maxBatch = 256
+	// openAt is the fewest queued checks for which a batch starts on a
+	// free slot while another is busy: a transaction's fixed cost (BEGIN,
+	// settings, statements' start and end, COMMIT) is most of a small
+	// batch's, and the busy slot takes what is queued soon enough
+	// (chained, see runBatch). Below it checks wait for a slot to chain
+	// them or to end; an idle coalescer runs a check at once, alone.
+	// Measured (docs/performance.md, issue #44): 16, 24, 32 and 48 at 64
+	// checks in flight; 32 cost the least CPU per check and gave the most
+	// checks per second.
+	openAt = 32
 	// queueFactor bounds the queue at this many full batches per slot;
 	// beyond it checks run alone, waiting for their rows' locks, as they
 	// would without coalescing.
@@ -145,7 +155,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 		// The queue may hold only checks whose rows are in a batch in
 		// flight: with a slot free, p need not wait for that batch.
 		var next [][]*pending
-		if c.busy < c.slots && !c.anyInflight(p.rows) {
+		if c.mayOpen() && !c.anyInflight(p.rows) {
 			next = c.formBatchesLocked()
 		}
 		c.mu.Unlock()
@@ -153,9 +163,8 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	case c.anyParked(p.rows):
 		c.parkLocked(p)
 		c.mu.Unlock()
-	case c.busy < c.slots && !c.anyInflight(p.rows):
-		// A free slot and nobody waiting: a batch of one, at once, on this
-		// goroutine.
+	case (c.busy == 0 || c.busy < c.slots && p.set.Dialect.OneRowBatches()) && !c.anyInflight(p.rows):
+		// An idle coalescer: a batch of one, at once, on this goroutine.
 		c.busy++
 		c.markInflight(p.rows, 1)
 		c.mu.Unlock()
@@ -332,7 +341,7 @@ func (c *Coalescer) finish(batch []*pending, deferred []*engine.Request, err err
 // formBatchesLocked takes batches off the queue while slots are free.
 func (c *Coalescer) formBatchesLocked() [][]*pending {
 	var out [][]*pending
-	for c.busy < c.slots && len(c.queue) > 0 {
+	for len(c.queue) > 0 && c.mayOpen() {
 		b := c.formLocked(nil)
 		if len(b) == 0 {
 			break
@@ -341,6 +350,13 @@ func (c *Coalescer) formBatchesLocked() [][]*pending {
 		out = append(out, b)
 	}
 	return out
+}
+
+// mayOpen says whether a batch may start on a free slot now (see openAt):
+// with none busy, with a batch's worth queued, or always where a batch holds
+// one row (the dialect's OneRowBatches: its batches cannot grow).
+func (c *Coalescer) mayOpen() bool {
+	return c.busy < c.slots && (c.busy == 0 || len(c.queue) >= openAt || c.queue[0].set.Dialect.OneRowBatches())
 }
 
 // formLocked takes the next batch off the queue: checks in arrival order, of one

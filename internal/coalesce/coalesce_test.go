@@ -3,6 +3,7 @@ package coalesce
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,4 +54,67 @@ func TestQueuedCallerLeaves(t *testing.T) {
 		t.Fatal("cancelled check left in the queue, or decided")
 	}
 	co.busy = 0
+}
+
+// While a slot is busy, checks queue until openAt of them make a batch worth
+// a transaction of its own on the free slot (see openAt); an idle
+// coalescer runs a check at once.
+func TestFreeSlotOpensForABatch(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1") // refuses: a batch that starts fails at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	co := New(pool, 2)
+	co.mu.Lock()
+	co.busy = 1 // one slot busy, one free
+	co.mu.Unlock()
+	queued := func() int {
+		co.mu.Lock()
+		defer co.mu.Unlock()
+		return len(co.queue)
+	}
+	check := func(i int) chan error {
+		q := &engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: []engine.Charge{{
+			Row: engine.Row{Prefix: "c", Key: fmt.Sprint(i)}, Cost: 1,
+			Policy: account.Policy{Capacity: 100, Refill: 1, Schedule: account.Grid(time.Hour)}}}}
+		ret := make(chan error, 1)
+		go func() { ret <- co.Do(q, engine.Settings{Dialect: engine.Postgres{}}, nil) }()
+		return ret
+	}
+	var rets []chan error
+	for i := range openAt - 1 {
+		rets = append(rets, check(i))
+		for deadline := time.Now().Add(10 * time.Second); queued() != i+1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("check %d did not queue behind a busy slot (%d queued)", i, queued())
+			}
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	if n := queued(); n != openAt-1 {
+		t.Fatalf("%d checks queued behind a busy slot, want %d: a batch started below openAt", n, openAt-1)
+	}
+	rets = append(rets, check(openAt)) // a batch's worth: it starts, and fails to connect
+	for _, ret := range rets {
+		if err := <-ret; err == nil {
+			t.Fatal("a check through an unreachable database succeeded")
+		}
+	}
+	if n := queued(); n != 0 {
+		t.Fatalf("%d checks left queued", n)
+	}
+
+	co.mu.Lock()
+	co.busy = 0 // idle: a check starts at once, alone
+	co.mu.Unlock()
+	if err := <-check(-1); err == nil {
+		t.Fatal("a check through an unreachable database succeeded")
+	}
+	co.Wait()
 }
