@@ -2,12 +2,15 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -39,6 +42,25 @@ func TestThroughPgBouncer(t *testing.T) {
 				r, err := l.Peek(context.Background(), "one-key")
 				require.NoError(t, err)
 				require.Equal(t, int64(0), r.Remaining)
+
+				// Many keys at once: batches of more rows than PerRowMax
+				// send their arrays as slices, in this query mode.
+				var wg sync.WaitGroup
+				for i := range 64 {
+					wg.Go(func() {
+						for range 10 {
+							r, err := l.Allow(context.Background(), fmt.Sprintf("key-%d", i%32))
+							assert.NoError(t, err)
+							assert.True(t, r.Allowed)
+						}
+					})
+				}
+				wg.Wait()
+				for i := range 32 {
+					r, err := l.Peek(context.Background(), fmt.Sprintf("key-%d", i))
+					require.NoError(t, err)
+					require.Equal(t, int64(80), r.Remaining)
+				}
 			})
 		}
 	}

@@ -42,7 +42,7 @@ func leaseStatements(t string) LeaseStatements {
 			One: `UPDATE ` + t + ` SET leases = NULLIF($3::text, '')::json, expires_at = greatest(expires_at, $4::text::timestamptz)
 WHERE prefix = $1 AND key = $2`,
 			Many: `UPDATE ` + t + ` AS b SET leases = NULLIF(r.leases, '')::json, expires_at = greatest(b.expires_at, r.expires_at)
-FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::timestamptz[]) AS r(prefix, key, leases, expires_at)
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS r(prefix, key, leases, expires_at)
 WHERE b.prefix = r.prefix AND b.key = r.key`,
 		},
 		List: `SELECT b.leases, COALESCE($3::timestamptz, clock_timestamp())

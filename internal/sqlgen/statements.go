@@ -18,11 +18,13 @@ import (
 // transaction's statements take (see shape.go): one statement per row with
 // scalar parameters, or one statement over all of a table's rows as arrays.
 //
-// Arrays and times travel as text parameters (PostgreSQL array literals,
-// RFC 3339 times) cast in SQL: the same statements then run unchanged on pgx
-// and on any database/sql driver, in every pgx query mode, and behind
-// PgBouncer. $1 and $2 are always the rows' prefixes and keys (arrays of
-// them, or one of each).
+// One's times travel as text parameters (RFC 3339) cast in SQL: the same
+// statements then run unchanged on pgx and on any database/sql driver, in
+// every pgx query mode, and behind PgBouncer. Many's arrays are Go slices
+// that pgx sends in binary (the server reads them without parsing text):
+// array statements run only in the engine's own transactions, on pgx, in
+// any query mode. $1 and $2 are always the rows' prefixes and keys (arrays
+// of them, or one of each).
 type Statements struct {
 	One, Many Table
 	// citus are one's statements as Citus can plan them once and route
@@ -265,15 +267,15 @@ func ovSelect(ov bool) string {
 // data, reading the leases column; with ov, the rows' overrides).
 func manyRows(t string, data, ov bool) Table {
 	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, ` + dbClock3 + `%[2]s
-FROM unnest($1::text::text[], $2::text::text[]) AS r(prefix, key),
+FROM unnest($1::text[], $2::text[]) AS r(prefix, key),
 LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + ` FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	lock = withOv(lock, ov, ovCols("t", "r"))
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM unnest($1::text::text[], $2::text::text[], $3::text::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
+FROM unnest($1::text[], $2::text[], $3::text[]::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
 	update := `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::timestamptz[], $5::text::timestamptz[], $6::text::bigint[])
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[], $6::bigint[])
      AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
 WHERE t.prefix = r.prefix AND t.key = r.key`
 	return Table{
@@ -363,26 +365,6 @@ func Int64Array(n int, elem func(i int) int64) string {
 	return array(n, func(b []byte, i int) []byte { return strconv.AppendInt(b, elem(i), 10) })
 }
 
-// TimeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
-// The times of a batch repeat (one grid, one expiry minute): a time equal to
-// the one before is copied rather than formatted again.
-func TimeArray(n int, elem func(i int) time.Time) string {
-	var last time.Time
-	var lastAt, lastEnd int
-	return array(n, func(b []byte, i int) []byte {
-		t := elem(i).UTC().Truncate(time.Microsecond)
-		if i > 0 && t.Equal(last) {
-			return append(b, b[lastAt:lastEnd]...)
-		}
-		last, lastAt = t, len(b)
-		b = append(b, '"')
-		b = t.AppendFormat(b, "2006-01-02 15:04:05.999999Z07:00")
-		b = append(b, '"')
-		lastEnd = len(b)
-		return b
-	})
-}
-
 // array encodes n elements, each appended by elem, as an array literal.
 func array(n int, elem func(b []byte, i int) []byte) string {
 	b := make([]byte, 0, 2+n*24)
@@ -447,8 +429,8 @@ VALUES ($1, $2, $3, $4, NULLIF($5, '')::timestamptz, $6::text::timestamptz, $7 <
 ON CONFLICT (prefix, key, id) DO UPDATE SET amount = excluded.amount`,
 			Many: `INSERT INTO ` + t + ` (prefix, key, id, amount, expires_at, granted_at, ledger)
 SELECT prefix, key, id, amount, NULLIF(exp, '')::timestamptz, at, ledger <> 0
-FROM unnest($1::text::text[], $2::text::text[], $3::text::bigint[], $4::text::bigint[], $5::text::text[],
-            $6::text::timestamptz[], $7::text::bigint[]) AS r(prefix, key, id, amount, exp, at, ledger)
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[],
+            $6::timestamptz[], $7::bigint[]) AS r(prefix, key, id, amount, exp, at, ledger)
 ON CONFLICT (prefix, key, id) DO UPDATE SET amount = excluded.amount`,
 		},
 		NextID: `SELECT nextval(pg_get_serial_sequence($1, 'id'))`,
@@ -499,7 +481,7 @@ type Rows struct{ One, Many string }
 // release, the events an alert wrote.
 var Notify = Rows{
 	One:  `SELECT pg_notify($1, $2)`,
-	Many: `SELECT pg_notify(c, p) FROM unnest($1::text::text[], $2::text::text[]) AS r(c, p)`,
+	Many: `SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS r(c, p)`,
 }
 
 // NotifyUnbounded is Notify in a transaction of our own: it also lifts the
@@ -508,7 +490,7 @@ var Notify = Rows{
 // transaction of the cluster takes it in turn) is never cut short.
 var NotifyUnbounded = Rows{
 	One:  `SELECT pg_notify($1, $2), set_config('lock_timeout', '0', true)`,
-	Many: `SELECT pg_notify(c, p), set_config('lock_timeout', '0', true) FROM unnest($1::text::text[], $2::text::text[]) AS r(c, p)`,
+	Many: `SELECT pg_notify(c, p), set_config('lock_timeout', '0', true) FROM unnest($1::text[], $2::text[]) AS r(c, p)`,
 }
 
 // Requests and Ledger are the statements of request IDs and the
@@ -529,7 +511,7 @@ var Requests, Ledger = func() (req struct {
 		One: `SELECT ` + cols + ` FROM ` + r + `
 WHERE prefix = $1 AND key = $2 AND request_id = $3`,
 		Many: `SELECT q.prefix, q.key, q.request_id, q.kind, q.cost, q.remaining, q.granted, q.settled, q.detail, q.created_at, q.expires_at
-FROM unnest($1::text::text[], $2::text::text[], $3::text::text[]) AS x(prefix, key, request_id)
+FROM unnest($1::text[], $2::text[], $3::text[]) AS x(prefix, key, request_id)
 JOIN ` + r + ` q ON q.prefix = x.prefix AND q.key = x.key AND q.request_id = x.request_id`,
 	}
 	req.Get = req.Read.One
@@ -544,8 +526,8 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, -1), $9, $10::text::timestamptz, 
 ` + set,
 		Many: `INSERT INTO ` + r + ` (` + cols + `)
 SELECT prefix, key, request_id, kind, cost, remaining, granted, NULLIF(settled, -1), detail, created_at, expires_at
-FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text[], $5::text::bigint[], $6::text::bigint[],
-            $7::text::bigint[], $8::text::bigint[], $9::text::text[], $10::text::timestamptz[], $11::text::timestamptz[])
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
+            $7::bigint[], $8::bigint[], $9::text[], $10::timestamptz[], $11::timestamptz[])
      AS x(prefix, key, request_id, kind, cost, remaining, granted, settled, detail, created_at, expires_at)
 ` + set,
 	}
@@ -554,8 +536,8 @@ FROM unnest($1::text::text[], $2::text::text[], $3::text::text[], $4::text::text
 VALUES ($1, $2, $3::text::timestamptz, $4, $5, NULLIF($6, ''), $7, $8, $9)`,
 		Many: `INSERT INTO ` + l + ` (prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)
 SELECT prefix, key, at, amount, kind, NULLIF(request_id, ''), balance, grants_amount, granted
-FROM unnest($1::text::text[], $2::text::text[], $3::text::timestamptz[], $4::text::bigint[], $5::text::text[],
-            $6::text::text[], $7::text::bigint[], $8::text::bigint[], $9::text::bigint[])
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::text[],
+            $6::text[], $7::bigint[], $8::bigint[], $9::bigint[])
      AS x(prefix, key, at, amount, kind, request_id, balance, grants_amount, granted)`,
 	}
 	led.List = `SELECT id, at, amount, kind, COALESCE(request_id, ''), balance, grants_amount, COALESCE(granted, 0) FROM ` + l + `
