@@ -79,13 +79,16 @@ func NewPlan(reqs []*Request, set Settings, own bool, mode LockMode) *Plan {
 // needInsert returns the rows of p that a charge needs inserted (not
 // Charge.NoInsert), in lock order.
 func (p *Plan) needInsert() []Row {
-	need := make(map[Row]bool)
+	var need []Row
 	for _, q := range p.reqs {
 		for _, c := range q.Charges {
-			need[c.Row] = need[c.Row] || !c.NoInsert
+			if !c.NoInsert {
+				need = append(need, c.Row)
+			}
 		}
 	}
-	return slices.DeleteFunc(slices.Clone(p.rows), func(r Row) bool { return !need[r] })
+	slices.SortFunc(need, CompareRows)
+	return slices.Compact(need)
 }
 
 // Interval is the horizon of r as interval input; the rows of a batch mostly
