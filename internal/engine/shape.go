@@ -127,10 +127,10 @@ func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
 func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	args := []any{
 		prefixArray(rows), keyArray(rows),
-		column(rows, func(r Row) int64 { return a.state[r].Bucket.Tokens }),
-		column(rows, func(r Row) time.Time { return a.state[r].Bucket.RefilledAt }),
-		column(rows, func(r Row) time.Time { return a.state[r].Bucket.ExpiresAt }),
-		column(rows, func(r Row) int64 { return a.state[r].Bucket.Capacity }),
+		int64s(column(rows, func(r Row) int64 { return a.state[r].Bucket.Tokens })),
+		times(column(rows, func(r Row) time.Time { return a.state[r].Bucket.RefilledAt })),
+		times(column(rows, func(r Row) time.Time { return a.state[r].Bucket.ExpiresAt })),
+		int64s(column(rows, func(r Row) int64 { return a.state[r].Bucket.Capacity })),
 	}
 	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args}}
 }
@@ -140,11 +140,11 @@ func (arrays) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error)
 	for j := range args {
 		switch rows[0][j].(type) {
 		case string:
-			args[j] = column(rows, func(r []any) string { return r[j].(string) })
+			args[j] = texts(column(rows, func(r []any) string { return r[j].(string) }))
 		case int64:
-			args[j] = column(rows, func(r []any) int64 { return r[j].(int64) })
+			args[j] = int64s(column(rows, func(r []any) int64 { return r[j].(int64) }))
 		case time.Time:
-			args[j] = column(rows, func(r []any) time.Time { return r[j].(time.Time) })
+			args[j] = times(column(rows, func(r []any) time.Time { return r[j].(time.Time) }))
 		default:
 			panic(fmt.Sprintf("pgratelimit: no array of %T", rows[0][j])) // a bug of ours, not an input
 		}
@@ -229,17 +229,16 @@ func storageRows(rows []Row, s Storage) []Row {
 	return nil
 }
 
-// An array parameter is a Go slice, which pgx sends in binary: the
-// server reads it without parsing text (a batch's arrays are only ever sent
-// through pgx, see Postgres.Shape).
+// Array parameters are texts, int64s and times (params.go): a batch's
+// arrays are only ever sent through pgx (see Postgres.Shape).
 
-func prefixArray(rows []Row) []string { return column(rows, func(r Row) string { return r.Prefix }) }
+func prefixArray(rows []Row) texts { return column(rows, func(r Row) string { return r.Prefix }) }
 
-func keyArray(rows []Row) []string { return column(rows, func(r Row) string { return r.Key }) }
+func keyArray(rows []Row) texts { return column(rows, func(r Row) string { return r.Key }) }
 
 // horizonArray is each row's Interval: text, cast to interval[] by the
 // statement (pgx encodes no interval from a string).
-func horizonArray(rows []Row, a *Attempt) []string { return column(rows, a.Interval) }
+func horizonArray(rows []Row, a *Attempt) texts { return column(rows, a.Interval) }
 
 // column is f of each of rows, an array parameter.
 func column[R, T any](rows []R, f func(R) T) []T {

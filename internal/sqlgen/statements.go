@@ -365,6 +365,26 @@ func Int64Array(n int, elem func(i int) int64) string {
 	return array(n, func(b []byte, i int) []byte { return strconv.AppendInt(b, elem(i), 10) })
 }
 
+// TimeArray encodes times in UTC with microseconds, PostgreSQL's resolution.
+// The times of a batch repeat (one grid, one expiry minute): a time equal to
+// the one before is copied rather than formatted again.
+func TimeArray(n int, elem func(i int) time.Time) string {
+	var last time.Time
+	var lastAt, lastEnd int
+	return array(n, func(b []byte, i int) []byte {
+		t := elem(i).UTC().Truncate(time.Microsecond)
+		if i > 0 && t.Equal(last) {
+			return append(b, b[lastAt:lastEnd]...)
+		}
+		last, lastAt = t, len(b)
+		b = append(b, '"')
+		b = t.AppendFormat(b, "2006-01-02 15:04:05.999999Z07:00")
+		b = append(b, '"')
+		lastEnd = len(b)
+		return b
+	})
+}
+
 // array encodes n elements, each appended by elem, as an array literal.
 func array(n int, elem func(b []byte, i int) []byte) string {
 	b := make([]byte, 0, 2+n*24)

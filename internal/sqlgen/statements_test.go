@@ -12,6 +12,16 @@ func TestTextArrays(t *testing.T) {
 	}
 }
 
+func TestTimeArrays(t *testing.T) {
+	a := time.Date(2026, 11, 22, 10, 0, 0, 123456789, time.FixedZone("x", 3600))
+	b := time.Date(2026, 11, 22, 9, 0, 0, 123456000, time.UTC) // a, in UTC and microseconds
+	c := b.Add(time.Minute)
+	got := TimeArray(5, func(i int) time.Time { return []time.Time{a, b, c, c, a}[i] })
+	if want := `{"2026-11-22 09:00:00.123456Z","2026-11-22 09:00:00.123456Z","2026-11-22 09:01:00.123456Z","2026-11-22 09:01:00.123456Z","2026-11-22 09:00:00.123456Z"}`; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
 func TestIntervalInput(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		0:                       "0 hours 0.000000 seconds",
