@@ -15,10 +15,13 @@ import (
 // ClientConfig configures a Client. The zero value is valid.
 type ClientConfig struct {
 	// CoalesceConns is how many coalesced transactions (so pool
-	// connections) the client's limiters run at once; checks beyond them
-	// queue and go in the next batches (see Config.DisableCoalescing).
-	// Fewer means bigger batches; more lets a database with cores to spare
-	// work on several batches at once. At most the pool's MaxConns. On
+	// connections) the client's limiters run at once at most; checks
+	// beyond them queue and go in the next batches (see
+	// Config.DisableCoalescing). A check that finds none running runs at
+	// once; a transaction beyond the first starts only when 32 checks wait
+	// for it (fewer cost less in the running one's next batch). Fewer means
+	// bigger batches; more lets a database with cores to spare work on
+	// several batches at once. At most the pool's MaxConns. On
 	// Citus, checks routed to the nodes (see DisableRouting) share them
 	// out, at least one per node; through the coordinator, where a batch
 	// holds one row, at least half of MaxConns run at once. Defaults to 2,

@@ -43,9 +43,11 @@ const (
 	// batch's, and the busy slot takes what is queued soon enough
 	// (chained, see runBatch). Below it checks wait for a slot to chain
 	// them or to end; an idle coalescer runs a check at once, alone.
-	// Measured (docs/performance.md, issue #44): 16, 24, 32 and 48 at 64
-	// checks in flight; 32 cost the least CPU per check and gave the most
-	// checks per second.
+	// Measured (docs/performance.md, issue #44), 16 to 48 at 64 checks in
+	// flight: 32 gave the most checks per second, at less CPU per check
+	// than 16 or 24; from 40 on a second slot seldom opened at 64 in
+	// flight, which cost less CPU per check but gave a fifth fewer checks
+	// per second.
 	openAt = 32
 	// queueFactor bounds the queue at this many full batches per slot;
 	// beyond it checks run alone, waiting for their rows' locks, as they
