@@ -20,11 +20,13 @@ import (
 //
 // One's times travel as text parameters (RFC 3339) cast in SQL: the same
 // statements then run unchanged on pgx and on any database/sql driver, in
-// every pgx query mode, and behind PgBouncer. Many's arrays are Go slices
-// that pgx sends in binary (the server reads them without parsing text):
-// array statements run only in the engine's own transactions, on pgx, in
-// any query mode. $1 and $2 are always the rows' prefixes and keys (arrays
-// of them, or one of each).
+// every pgx query mode, and behind PgBouncer. Many's arrays are typed
+// arrays (text[], bigint[], timestamptz[]) that pgx sends in binary where
+// it knows their types, so the server does not parse them, and as array
+// literals where it does not (internal/engine's params.go): array
+// statements run only in the engine's own transactions, on pgx, in any
+// query mode. $1 and $2 are always the rows' prefixes and keys (arrays of
+// them, or one of each).
 type Statements struct {
 	One, Many Table
 	// citus are one's statements as Citus can plan them once and route
