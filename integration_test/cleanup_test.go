@@ -311,6 +311,7 @@ func TestCleanerRunOnce(t *testing.T) {
 
 	holder, err := pool.Begin(ctx)
 	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }() // on a failure too: the pool's Close waits for it
 	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, cleanup.LockClass)
 	require.NoError(t, err)
 	n, err := c.RunOnce(ctx)
