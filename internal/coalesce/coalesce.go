@@ -157,7 +157,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 		// The queue may hold only checks whose rows are in a batch in
 		// flight: with a slot free, p need not wait for that batch.
 		var next [][]*pending
-		if c.mayOpen() && !c.anyInflight(p.rows) {
+		if c.mayOpen(p.set.Dialect) && !c.anyInflight(p.rows) {
 			next = c.formBatchesLocked()
 		}
 		c.mu.Unlock()
@@ -165,7 +165,7 @@ func (c *Coalescer) Do(q *engine.Request, set engine.Settings, seen func(context
 	case c.anyParked(p.rows):
 		c.parkLocked(p)
 		c.mu.Unlock()
-	case (c.busy == 0 || c.busy < c.slots && p.set.Dialect.OneRowBatches()) && !c.anyInflight(p.rows):
+	case c.mayOpen(p.set.Dialect) && !c.anyInflight(p.rows): // the queue is empty: only when idle
 		// An idle coalescer: a batch of one, at once, on this goroutine.
 		c.busy++
 		c.markInflight(p.rows, 1)
@@ -343,7 +343,7 @@ func (c *Coalescer) finish(batch []*pending, deferred []*engine.Request, err err
 // formBatchesLocked takes batches off the queue while slots are free.
 func (c *Coalescer) formBatchesLocked() [][]*pending {
 	var out [][]*pending
-	for len(c.queue) > 0 && c.mayOpen() {
+	for len(c.queue) > 0 && c.mayOpen(c.queue[0].set.Dialect) {
 		b := c.formLocked(nil)
 		if len(b) == 0 {
 			break
@@ -354,11 +354,11 @@ func (c *Coalescer) formBatchesLocked() [][]*pending {
 	return out
 }
 
-// mayOpen says whether a batch may start on a free slot now (see openAt):
-// with none busy, with a batch's worth queued, or always where a batch holds
-// one row (the dialect's OneRowBatches: its batches cannot grow).
-func (c *Coalescer) mayOpen() bool {
-	return c.busy < c.slots && (c.busy == 0 || len(c.queue) >= openAt || c.queue[0].set.Dialect.OneRowBatches())
+// mayOpen says whether a batch of dialect d may start on a free slot now
+// (see openAt): with none busy, with a batch's worth queued, or always where
+// a batch holds one row (d's OneRowBatches: its batches cannot grow).
+func (c *Coalescer) mayOpen(d engine.Dialect) bool {
+	return c.busy < c.slots && (c.busy == 0 || len(c.queue) >= openAt || d.OneRowBatches())
 }
 
 // formLocked takes the next batch off the queue: checks in arrival order, of one

@@ -16,16 +16,7 @@ import (
 // nothing, and leaves the queue.
 func TestQueuedCallerLeaves(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none") // never connected to
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	co := New(pool, 2)
+	co := New(unreachable(t), 2)
 	co.mu.Lock()
 	co.busy = co.slots // hold every slot so checks queue
 	co.mu.Unlock()
@@ -61,16 +52,7 @@ func TestQueuedCallerLeaves(t *testing.T) {
 // coalescer runs a check at once.
 func TestFreeSlotOpensForABatch(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1") // refuses: a batch that starts fails at once
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	co := New(pool, 2)
+	co := New(unreachable(t), 2)
 	co.mu.Lock()
 	co.busy = 1 // one slot busy, one free
 	co.mu.Unlock()
@@ -117,4 +99,20 @@ func TestFreeSlotOpensForABatch(t *testing.T) {
 		t.Fatal("a check through an unreachable database succeeded")
 	}
 	co.Wait()
+}
+
+// unreachable is a pool of a database nobody listens for: a batch that
+// starts on it fails at once.
+func unreachable(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
