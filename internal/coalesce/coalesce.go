@@ -16,8 +16,9 @@ import (
 // Coalescing: checks that arrive through the limiters of one Client while its
 // transactions are busy wait in a queue and are then decided together, in
 // arrival order, in one engine transaction. A check that finds
-// a free slot and nobody queued runs at once, alone. There is no timer and no
-// goroutine while the pool is idle.
+// a free slot and nobody queued runs at once, alone. There is no timer; while
+// the pool is idle, the goroutines that ran batches wait for the next ones,
+// at most one per slot (see Coalescer.work).
 //
 // A batch locks with SKIP LOCKED, so it never waits for a row that another
 // transaction holds (an AllowNTx in a long transaction, another app
@@ -98,6 +99,11 @@ type Coalescer struct {
 	// held and mine are formLocked's, kept between its calls so that
 	// forming a batch allocates no maps.
 	held, mine map[engine.Row]bool
+	// idle are the batch goroutines waiting for a batch (see work), each
+	// by its channel; waiting counts the Waits under way, during which
+	// they end instead.
+	idle    []chan []*pending
+	waiting int
 
 	// pendings recycles pendings and their channels: a check would
 	// allocate both otherwise.
@@ -126,9 +132,21 @@ func (c *Coalescer) AtLeast(slots int) {
 	c.mu.Unlock()
 }
 
-// Wait waits for c's batch and lane goroutines: none runs once it returns,
-// unless a Do starts one.
-func (c *Coalescer) Wait() { c.goroutines.Wait() }
+// Wait waits for c's batch and lane goroutines, and ends those waiting for a
+// batch: none runs once it returns, unless a Do starts one.
+func (c *Coalescer) Wait() {
+	c.mu.Lock()
+	c.waiting++
+	for _, w := range c.idle {
+		close(w)
+	}
+	c.idle = nil
+	c.mu.Unlock()
+	c.goroutines.Wait()
+	c.mu.Lock()
+	c.waiting--
+	c.mu.Unlock()
+}
 
 // Do decides q through c, with requests of equal settings set, and returns
 // q's error (its outcome is in q), or its context's as soon as it ends.
@@ -217,23 +235,54 @@ func (c *Coalescer) markInflight(rows []engine.Row, d int) {
 	}
 }
 
-// workAll runs each of batches on a goroutine of its own.
+// workAll runs each of batches on a goroutine of its own: one waiting for a
+// batch, or a new one.
 func (c *Coalescer) workAll(batches [][]*pending) {
+	if len(batches) == 0 {
+		return
+	}
+	c.mu.Lock()
+	for len(batches) > 0 && len(c.idle) > 0 {
+		last := len(c.idle) - 1
+		c.idle[last] <- batches[0] // buffered: an idle goroutine's is empty
+		c.idle = c.idle[:last]
+		batches = batches[1:]
+	}
+	c.mu.Unlock()
 	for _, b := range batches {
 		c.goroutines.Go(func() { c.work(b) })
 	}
 }
 
-// work runs batch, then the batches that follow it while there are any; it
-// starts goroutines only for batches beyond the first (a goroutine that runs
-// batch after batch keeps the stack the engine needs).
+// work runs batch, then the batches that follow it while there are any, on
+// this goroutine; it starts goroutines only for batches beyond the first.
+// Then it waits for a batch from workAll, until a Wait ends it: a goroutine
+// that runs batch after batch keeps the stack the engine grew, which a new
+// one would grow again, copying it at each doubling (a twentieth of the
+// client's CPU, issue #44).
 func (c *Coalescer) work(batch []*pending) {
-	for batch != nil {
-		next := c.runBatch(batch, true)
-		batch = nil
-		if len(next) > 0 {
-			batch = next[0]
-			c.workAll(next[1:])
+	var next chan []*pending
+	for {
+		for batch != nil {
+			more := c.runBatch(batch, true)
+			batch = nil
+			if len(more) > 0 {
+				batch = more[0]
+				c.workAll(more[1:])
+			}
+		}
+		c.mu.Lock()
+		if c.waiting > 0 {
+			c.mu.Unlock()
+			return
+		}
+		if next == nil {
+			next = make(chan []*pending, 1)
+		}
+		c.idle = append(c.idle, next)
+		c.mu.Unlock()
+		if batch = <-next; batch == nil { // closed by Wait
+			return
 		}
 	}
 }

@@ -101,6 +101,50 @@ func TestFreeSlotOpensForABatch(t *testing.T) {
 	co.Wait()
 }
 
+// A goroutine that ran a batch waits for the next one rather than ending, so
+// that batches do not grow a new goroutine's stack each time; Wait ends it.
+func TestBatchGoroutineWaitsForTheNext(t *testing.T) {
+	ctx := context.Background()
+	co := New(unreachable(t), 2)
+	co.mu.Lock()
+	co.busy = 1 // one slot busy: openAt queued checks start a batch on the other
+	co.mu.Unlock()
+	idle := func() int {
+		co.mu.Lock()
+		defer co.mu.Unlock()
+		return len(co.idle)
+	}
+	batch := func(round int) {
+		rets := make([]chan error, openAt)
+		for i := range rets {
+			q := &engine.Request{Ctx: ctx, Kind: account.OpCharge, Charges: []engine.Charge{{
+				Row: engine.Row{Prefix: "c", Key: fmt.Sprint(round, "-", i)}, Cost: 1,
+				Policy: account.Policy{Capacity: 100, Refill: 1, Schedule: account.Grid(time.Hour)}}}}
+			rets[i] = make(chan error, 1)
+			go func() { rets[i] <- co.Do(q, engine.Settings{Dialect: engine.Postgres{}}, nil) }()
+		}
+		for _, ret := range rets {
+			if err := <-ret; err == nil {
+				t.Fatal("a check through an unreachable database succeeded")
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); idle() != 1; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %d goroutines wait for a batch, want 1", round, idle())
+			}
+		}
+	}
+	batch(1)
+	batch(2) // taken by the waiting goroutine: a new one would make 2 wait
+	co.Wait()
+	if n := idle(); n != 0 {
+		t.Fatalf("%d goroutines wait for a batch after Wait", n)
+	}
+	co.mu.Lock()
+	co.busy = 0
+	co.mu.Unlock()
+}
+
 // unreachable is a pool of a database nobody listens for: a batch that
 // starts on it fails at once.
 func unreachable(t *testing.T) *pgxpool.Pool {
