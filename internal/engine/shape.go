@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
@@ -125,12 +126,13 @@ func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
 }
 
 func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
+	bs := column(rows, func(r Row) *account.Bucket { return &a.state[r].Bucket })
 	args := []any{
 		prefixArray(rows), keyArray(rows),
-		int64s(column(rows, func(r Row) int64 { return a.state[r].Bucket.Tokens })),
-		times(column(rows, func(r Row) time.Time { return a.state[r].Bucket.RefilledAt })),
-		times(column(rows, func(r Row) time.Time { return a.state[r].Bucket.ExpiresAt })),
-		int64s(column(rows, func(r Row) int64 { return a.state[r].Bucket.Capacity })),
+		int64s(column(bs, func(b *account.Bucket) int64 { return b.Tokens })),
+		times(column(bs, func(b *account.Bucket) time.Time { return b.RefilledAt })),
+		times(column(bs, func(b *account.Bucket) time.Time { return b.ExpiresAt })),
+		int64s(column(bs, func(b *account.Bucket) int64 { return b.Capacity })),
 	}
 	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args}}
 }
