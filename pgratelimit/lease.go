@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -442,13 +441,18 @@ const maxKnownRows = 1 << 16
 // as the lock. It is only ever a matter of speed: a key whose row cleanup
 // has deleted since (its leases all forgotten) is deferred by its batch and
 // runs again with the INSERT.
+//
+// A map behind a read lock, not a sync.Map: with thousands of keys, the
+// sync.Map's lookups cost a lease pair's client a microsecond (issue #44).
 type knownRows struct {
-	keys sync.Map // key -> struct{}
-	n    atomic.Int64
+	mu   sync.RWMutex
+	keys map[string]struct{}
 }
 
 func (k *knownRows) has(key string) bool {
-	_, ok := k.keys.Load(key)
+	k.mu.RLock()
+	_, ok := k.keys[key]
+	k.mu.RUnlock()
 	return ok
 }
 
@@ -456,9 +460,10 @@ func (k *knownRows) add(key string) {
 	if k.has(key) {
 		return
 	}
-	if k.n.Add(1) > maxKnownRows {
-		k.keys.Clear()
-		k.n.Store(1)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.keys == nil || len(k.keys) >= maxKnownRows {
+		k.keys = make(map[string]struct{})
 	}
-	k.keys.Store(key, struct{}{})
+	k.keys[key] = struct{}{}
 }
