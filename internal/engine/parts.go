@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -120,25 +121,30 @@ func (a *Attempt) Local(owner any, mk func() any) any {
 }
 
 // parts returns the distinct parts of a's charges, in the order they
-// first come, each with its charges.
-func (a *Attempt) parts() ([]Part, map[Part][]Charge) {
-	var order []Part
-	var of map[Part][]Charge
+// first come. A transaction has few: a list finds them sooner than a map.
+func (a *Attempt) parts() []Part {
+	var out []Part
 	for _, q := range a.reqs {
 		for _, c := range q.Charges {
-			if c.Part == nil {
-				continue
+			if c.Part != nil && !slices.Contains(out, c.Part) {
+				out = append(out, c.Part)
 			}
-			if of == nil {
-				of = make(map[Part][]Charge)
-			}
-			if _, ok := of[c.Part]; !ok {
-				order = append(order, c.Part)
-			}
-			of[c.Part] = append(of[c.Part], c)
 		}
 	}
-	return order, of
+	return out
+}
+
+// chargesOf returns the charges of a's requests that are p's, in order.
+func (a *Attempt) chargesOf(p Part) []Charge {
+	var out []Charge
+	for _, q := range a.reqs {
+		for _, c := range q.Charges {
+			if c.Part == p {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
 }
 
 // observers returns the distinct observers of a's charges, in the order
@@ -147,21 +153,12 @@ func (a *Attempt) observers() []Observer {
 	var out []Observer
 	for _, q := range a.reqs {
 		for _, c := range q.Charges {
-			if c.Observer != nil && !containsObserver(out, c.Observer) {
+			if c.Observer != nil && !slices.Contains(out, c.Observer) {
 				out = append(out, c.Observer)
 			}
 		}
 	}
 	return out
-}
-
-func containsObserver(os []Observer, o Observer) bool {
-	for _, x := range os {
-		if x == o {
-			return true
-		}
-	}
-	return false
 }
 
 // committed tells a's observers that a committed.

@@ -199,9 +199,8 @@ func (a *Attempt) open() []Stmt {
 	if a.hasIDs {
 		stmts = append(stmts, a.readIDs()...)
 	}
-	parts, of := a.parts()
-	for _, p := range parts {
-		stmts = append(stmts, p.Read(a, of[p])...)
+	for _, p := range a.parts() {
+		stmts = append(stmts, p.Read(a, a.chargesOf(p))...)
 	}
 	return append(stmts, a.shape.Clock(a)...)
 }
@@ -391,8 +390,7 @@ func (a *Attempt) close() []Stmt {
 	for _, r := range a.resets {
 		stmts = append(stmts, Stmt{SQL: r.Storage.Statements().Remove, Args: []any{r.Prefix, r.Key}})
 	}
-	parts, _ := a.parts()
-	for _, p := range parts {
+	for _, p := range a.parts() {
 		stmts = append(stmts, p.Write(a)...)
 	}
 	for _, o := range a.observers() {
