@@ -13,12 +13,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 	"github.com/pgratelimit/pgratelimit/pgratelimit"
@@ -61,7 +63,7 @@ func (r *recorder) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBa
 }
 func (r *recorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-// argList formats statement arguments: times in UTC.
+// argList formats statement arguments: times in UTC, ctids by their count.
 func argList(args []any) string {
 	if len(args) == 0 {
 		return ""
@@ -74,6 +76,10 @@ func argList(args []any) string {
 		case nil:
 			parts[i] = "NULL"
 		default:
+			if v := reflect.ValueOf(a); v.Kind() == reflect.Slice && v.Type().Elem() == reflect.TypeFor[pgtype.TID]() {
+				parts[i] = fmt.Sprintf("%d ctids", v.Len()) // where the rows lie on disk: not the statements'
+				break
+			}
 			parts[i] = fmt.Sprintf("%#v", v)
 		}
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -61,6 +62,22 @@ type timeElem time.Time
 func (e *timeElem) TimestamptzValue() (pgtype.Timestamptz, error) {
 	return pgtype.Timestamptz{Time: time.Time(*e), Valid: true}, nil
 }
+
+// tids is a tid[] parameter: the ctids of locked rows.
+type tids []pgtype.TID
+
+func (a tids) Dimensions() []pgtype.ArrayDimension { return dimensions(len(a)) }
+func (a tids) Index(i int) any                     { return (*tidElem)(&a[i]) }
+func (a tids) IndexType() any                      { return (*tidElem)(nil) }
+func (a tids) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: sqlgen.TextArray(len(a), func(i int) string {
+		return "(" + strconv.FormatUint(uint64(a[i].BlockNumber), 10) + "," + strconv.FormatUint(uint64(a[i].OffsetNumber), 10) + ")"
+	}), Valid: true}, nil
+}
+
+type tidElem pgtype.TID
+
+func (e *tidElem) TIDValue() (pgtype.TID, error) { return pgtype.TID(*e), nil }
 
 func dimensions(n int) []pgtype.ArrayDimension {
 	return []pgtype.ArrayDimension{{Length: int32(n), LowerBound: 1}}

@@ -22,6 +22,8 @@ func TestArrayParams(t *testing.T) {
 		{pgtype.TextArrayOID, texts{`a"b`, `c\d`, "é,{}", ""}, []string{`a"b`, `c\d`, "é,{}", ""}},
 		{pgtype.Int8ArrayOID, int64s{-1, 0, 1 << 40}, []int64{-1, 0, 1 << 40}},
 		{pgtype.TimestamptzArrayOID, times{at, at.Add(time.Minute), time.Time{}}, []time.Time{at, at.Add(time.Minute), time.Time{}}},
+		{pgtype.TIDArrayOID, tids{{BlockNumber: 0, OffsetNumber: 1, Valid: true}, {BlockNumber: 1 << 31, OffsetNumber: 65535, Valid: true}},
+			[]pgtype.TID{{BlockNumber: 0, OffsetNumber: 1, Valid: true}, {BlockNumber: 1 << 31, OffsetNumber: 65535, Valid: true}}},
 	} {
 		for _, format := range []int16{pgtype.BinaryFormatCode, pgtype.TextFormatCode} {
 			got, err := m.Encode(c.oid, format, c.ours, nil)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/pgratelimit/pgratelimit/internal/account"
@@ -113,6 +114,7 @@ type Attempt struct {
 	mode  LockMode
 	state map[Row]*account.State // the accounts locked, then as decided
 	orig  map[Row]account.State  // the accounts as locked
+	tids  map[Row]pgtype.TID     // the rows' ctids, read by array locks (see sqlgen.Table.Update)
 	now   time.Time              // the clock, after the locks
 	// grantID is the ID of a grant a request makes (grants).
 	grantID int64
@@ -211,20 +213,39 @@ func (a *Attempt) readsGrants(s Storage) bool { return a.spendsGrants && s == Du
 // scanInto reads locked rows of storage s, with the clock, and with their
 // grants when withGrants (a row per grant, or one with NULL grant columns).
 func (a *Attempt) scanInto(s Storage) func(RowScanner) error {
-	return a.scanRows(s, a.readsGrants(s), false)
+	return a.scanRows(s, a.readsGrants(s), false, false)
 }
 
-// scanRows is scanInto, with grant columns when grants, and with a Citus
+// hold notes that a holds row r, its bucket b and its leases column (nil:
+// NULL), and returns its state.
+func (a *Attempt) hold(r Row, b account.Bucket, leases *string) *account.State {
+	st := a.state[r]
+	if st == nil {
+		st = &account.State{}
+		a.state[r] = st
+	}
+	st.Bucket = b
+	if leases != nil {
+		if a.data == nil {
+			a.data = make(map[Row]string)
+		}
+		a.data[r] = *leases
+	}
+	return st
+}
+
+// scanRows is scanInto, with grant columns when grants, with a Citus
 // shard's placement check (shardRows) when placed: a row whose shard this
-// node no longer holds fails the transaction with ErrShardMoved.
-func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) error {
+// node no longer holds fails the transaction with ErrShardMoved; and with
+// each row's ctid before the clock when tid (the array statements).
+func (a *Attempt) scanRows(s Storage, grants, placed, tid bool) func(RowScanner) error {
 	return func(rs RowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
 		// them to the heap.
 		var (
 			r          Row
 			b          account.Bucket
-			capacity   *int64 // NULL: written by an older release
+			capacity   pgtype.Int8 // NULL: written by an older release
 			leases     *string
 			ovCap      *int64 // the row's copy: NULL, no override; sqlgen.Unknown, unknown
 			ovRefill   *int64
@@ -236,12 +257,16 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			ledger     *bool
 		)
 		var here int64 // placements of the row's shard on this node
+		var ctid pgtype.TID
 		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &clock}
 		if a.readsData {
 			dest = slices.Insert(dest, 6, any(&leases))
 		}
 		if a.inlineOverrides() {
 			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil), any(&ovRead))
+		}
+		if tid {
+			dest = slices.Insert(dest, len(dest)-1, any(&ctid))
 		}
 		if placed {
 			dest = append(dest, &here)
@@ -250,7 +275,7 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			dest = append(dest, &id, &amount, &exp, &ledger)
 		}
 		for rs.Next() {
-			r, b, capacity, leases, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil, nil
+			r, b, leases, id, amount, exp, ledger = Row{Storage: s}, account.Bucket{}, nil, nil, nil, nil, nil
 			ovCap, ovRefill, ovUntil, ovRead = nil, nil, nil, nil
 			if err := rs.Scan(dest...); err != nil {
 				return err
@@ -258,20 +283,13 @@ func (a *Attempt) scanRows(s Storage, grants, placed bool) func(RowScanner) erro
 			if placed && here != 1 {
 				return ErrShardMoved
 			}
-			if capacity != nil {
-				b.Capacity = *capacity
-			}
-			st := a.state[r]
-			if st == nil {
-				st = &account.State{}
-				a.state[r] = st
-			}
-			st.Bucket = b
-			if leases != nil {
-				if a.data == nil {
-					a.data = make(map[Row]string)
+			b.Capacity = capacity.Int64 // 0 when NULL
+			st := a.hold(r, b, leases)
+			if tid {
+				if a.tids == nil {
+					a.tids = make(map[Row]pgtype.TID, len(a.rows))
 				}
-				a.data[r] = *leases
+				a.tids[r] = ctid
 			}
 			if err := a.noteOverride(r, ovCap, ovRefill, ovUntil, ovRead); err != nil {
 				return err

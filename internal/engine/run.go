@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +22,23 @@ type Stmt struct {
 	SQL  string
 	Args []any
 	Scan func(RowScanner) error // nil for statements that return no rows
+	// Changes, when not 0, is how many rows the statement (one without
+	// Scan) must change: another count fails the transaction with
+	// errChanged.
+	Changes int64
+}
+
+// errChanged is a statement's failure to change the rows it names
+// (Stmt.Changes): a bug of ours, caught before COMMIT.
+var errChanged = errors.New("pgratelimit: an UPDATE did not change the rows the transaction holds")
+
+// changed checks that a statement s that changed n rows changed
+// s.Changes.
+func (s Stmt) changed(n int64) error {
+	if s.Changes != 0 && n != s.Changes {
+		return fmt.Errorf("%w (%d of %d)", errChanged, n, s.Changes)
+	}
+	return nil
 }
 
 // RowScanner is what pgx.Rows and *sql.Rows have in common.
@@ -300,7 +319,13 @@ func (e PgxExecutor) pipelineAt(ctx context.Context, stmts []Stmt) (at int, err 
 				return nil
 			})
 		} else {
-			qq.Exec(func(pgconn.CommandTag) error { at++; return nil })
+			qq.Exec(func(tag pgconn.CommandTag) error {
+				if err := s.changed(tag.RowsAffected()); err != nil {
+					return err
+				}
+				at++
+				return nil
+			})
 		}
 	}
 	err = e.Q.SendBatch(ctx, b).Close() // runs the callbacks above, counting at
@@ -315,8 +340,18 @@ type SQLExecutor struct{ Tx *sql.Tx }
 func (e SQLExecutor) Pipeline(ctx context.Context, stmts []Stmt) error {
 	for _, s := range stmts {
 		if s.Scan == nil {
-			if _, err := e.Tx.ExecContext(ctx, s.SQL, s.Args...); err != nil {
+			res, err := e.Tx.ExecContext(ctx, s.SQL, s.Args...)
+			if err != nil {
 				return err
+			}
+			if s.Changes != 0 {
+				n, err := res.RowsAffected()
+				if err != nil {
+					return err
+				}
+				if err := s.changed(n); err != nil {
+					return err
+				}
 			}
 			continue
 		}

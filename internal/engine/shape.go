@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgratelimit/pgratelimit/internal/account"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
@@ -117,24 +118,27 @@ func (arrays) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
 	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}}}
 }
 
+// Lock and Relock read each row's ctid too, for Update.
 func (arrays) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.lockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.clock}, Scan: a.scanInto(s)}}
+	return []Stmt{{SQL: a.lockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.clock}, Scan: a.scanRows(s, a.readsGrants(s), false, true)}}
 }
 
 func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.relockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, Scan: a.scanInto(s)}}
+	return []Stmt{{SQL: a.relockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, Scan: a.scanRows(s, a.readsGrants(s), false, true)}}
 }
 
+// Update finds the rows by their ctids as the locks read them, and fails
+// the transaction unless it changes each one (see sqlgen.Table.Update).
 func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	bs := column(rows, func(r Row) *account.Bucket { return &a.state[r].Bucket })
 	args := []any{
-		prefixArray(rows), keyArray(rows),
+		tids(column(rows, func(r Row) pgtype.TID { return a.tids[r] })),
 		int64s(column(bs, func(b *account.Bucket) int64 { return b.Tokens })),
 		times(column(bs, func(b *account.Bucket) time.Time { return b.RefilledAt })),
 		times(column(bs, func(b *account.Bucket) time.Time { return b.ExpiresAt })),
 		int64s(column(bs, func(b *account.Bucket) int64 { return b.Capacity })),
 	}
-	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args}}
+	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args, Changes: int64(len(rows))}}
 }
 
 func (arrays) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {

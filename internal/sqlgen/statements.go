@@ -76,6 +76,16 @@ type Table struct {
 	// cleanup deleted them): an upsert, which always returns the row, locked.
 	Relock string
 	// update writes the rows a check changed.
+	//
+	// Over arrays (Statements.Many), lock and relock also return each row's
+	// ctid, just before the clock, and update finds the rows by it alone: a
+	// TID scan, not a third search of the primary key (a microsecond and a
+	// half of server CPU a check, issue #44; with the keys in its WHERE as
+	// well, the planner may search the key again). The transaction holds
+	// the rows' locks from the lock on, so no other transaction moves them,
+	// and this update is its first write of them: the ctids it read are
+	// its rows' current versions. A stale one would match no row, and the
+	// engine counts the rows changed (engine.Stmt.Changes).
 	Update string
 	// lockGrants, lockSkipGrants and relockGrants are lock, lockSkip and
 	// relock that also read the key's grants (amount > 0; expiry is judged
@@ -173,31 +183,41 @@ func variant(q, skip string, grants bool) string {
 }
 
 // relock upserts rows of values into t, returning them locked with clock
-// (and their leases column after capacity, with data; and their override,
-// resolved, after them, with ov).
-func relock(t, values, clock string, data, ov bool) string {
+// (and their leases column after capacity, with data; their override,
+// resolved, after them, with ov; and their ctid before the clock, with
+// tid).
+func relock(t, values, clock string, tid, data, ov bool) string {
 	q := `INSERT INTO ` + t + ` AS b (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
 ON CONFLICT (prefix, key) DO UPDATE SET tokens = b.tokens
 RETURNING b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data)
 	if !ov {
-		return q + `, ` + clock
+		return q + ctidCol("b", tid) + `, ` + clock
 	}
-	return `WITH b AS (` + q + `, b.ov_capacity, b.ov_refill, b.ov_until, ` + clock + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", "b") + `, b.clock
+	return `WITH b AS (` + q + `, b.ov_capacity, b.ov_refill, b.ov_until` + ctidCol("b", tid) + `, ` + clock + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", "b") + ctidCol("b", tid) + `, b.clock
 FROM b`
 }
 
 // relockGrants is relock with the rows' grants.
-func relockGrants(t, values string, data, ov bool) string {
+func relockGrants(t, values string, tid, data, ov bool) string {
 	if ov {
-		return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock, b.ov_capacity, b.ov_refill, b.ov_until)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", "b") + `, b.clock` + grantCols + `
+		return `WITH b AS (` + relock(t, values, dbClock4, tid, data, false) + ` AS clock, b.ov_capacity, b.ov_refill, b.ov_until)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ovCols("b", "b") + ctidCol("b", tid) + `, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
 	}
-	return `WITH b AS (` + relock(t, values, dbClock4, data, false) + ` AS clock)
-SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + `, b.clock` + grantCols + `
+	return `WITH b AS (` + relock(t, values, dbClock4, tid, data, false) + ` AS clock)
+SELECT b.prefix, b.key, b.tokens, b.refilled_at, b.expires_at, b.capacity` + dataCol("b", data) + ctidCol("b", tid) + `, b.clock` + grantCols + `
 FROM b` + grantsOf("b")
+}
+
+// ctidCol is ", " and the ctid of the rows named alias with tid; else
+// nothing.
+func ctidCol(alias string, tid bool) string {
+	if !tid {
+		return ""
+	}
+	return ", " + alias + ".ctid"
 }
 
 // OverrideFunc is the function that reads a key's override with a
@@ -268,18 +288,18 @@ func ovSelect(ov bool) string {
 // manyRows are the statements over all of a table's rows as arrays (with
 // data, reading the leases column; with ov, the rows' overrides).
 func manyRows(t string, data, ov bool) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, ` + dbClock3 + `%[2]s
+	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, t.ctid, ` + dbClock3 + `%[2]s
 FROM unnest($1::text[], $2::text[]) AS r(prefix, key),
-LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + ` FROM ` + t + `
+LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + `, ctid FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	lock = withOv(lock, ov, ovCols("t", "r"))
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
 FROM unnest($1::text[], $2::text[], $3::text[]::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
 	update := `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
-FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[], $6::bigint[])
-     AS r(prefix, key, tokens, refilled_at, expires_at, capacity)
-WHERE t.prefix = r.prefix AND t.key = r.key`
+FROM unnest($1::tid[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::bigint[])
+     AS r(ctid, tokens, refilled_at, expires_at, capacity)
+WHERE t.ctid = r.ctid`
 	return Table{
 		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
 ` + values + `
@@ -288,8 +308,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
 		LockGrants:     variant(lock, "", true),
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-		Relock:         relock(t, values, dbClock4, data, ov),
-		RelockGrants:   relockGrants(t, values, data, ov),
+		Relock:         relock(t, values, dbClock4, true, data, ov),
+		RelockGrants:   relockGrants(t, values, true, data, ov),
 		Update:         update,
 	}
 }
@@ -325,8 +345,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
 		LockGrants:     variant(lock, "", true),
 		LockSkipGrants: variant(lock, " SKIP LOCKED", true),
-		Relock:         relock(t, values, dbClock4+extra, data, ov),
-		RelockGrants:   relockGrants(t, values, data, ov),
+		Relock:         relock(t, values, dbClock4+extra, false, data, ov),
+		RelockGrants:   relockGrants(t, values, false, data, ov),
 		Update:         update,
 	}
 }
@@ -342,7 +362,7 @@ WHERE prefix = $1 AND key = $2 FOR UPDATE%[1]s`
 	return Table{
 		Lock:     variant(lock, "", false),
 		LockSkip: variant(lock, " SKIP LOCKED", false),
-		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4, data, false),
+		Relock:   relock(t, `VALUES (`+newOne+expiryOf("$3::text::interval")+`)`, noClock4, false, data, false),
 	}
 }
 
