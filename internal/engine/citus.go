@@ -56,7 +56,7 @@ func (coordinatorRow) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
 	if a.mode != WaitLocks {
 		sql = ts.LockSkip
 	}
-	scan := a.scanRows(s, false, false, false)
+	scan := a.scanRows(s, lockCols{})
 	var stmts []Stmt
 	for _, r := range rows {
 		stmts = append(stmts, Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.clock}, Scan: scan})
@@ -69,7 +69,7 @@ func (coordinatorRow) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
 // Relock upserts and locks each row, then reads the clock again: these
 // rows were locked after it was read.
 func (c coordinatorRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	scan := a.scanRows(s, false, false, false)
+	scan := a.scanRows(s, lockCols{})
 	var stmts []Stmt
 	for _, r := range rows {
 		stmts = append(stmts, Stmt{SQL: a.tableFor(&s.Statements().Citus).Relock, Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}, Scan: scan})
@@ -164,7 +164,7 @@ func (d shardRows) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
 // Lock locks each row on its shard, and reads whether the node still holds
 // the shard.
 func (d shardRows) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	scan := a.scanRows(s, false, true, false)
+	scan := a.scanRows(s, lockCols{placed: true})
 	return perRow(rows, func(r Row) Stmt {
 		return Stmt{SQL: a.lockSQL(d.Map.Table(s, r), s), Args: []any{r.Prefix, r.Key, a.clock}, Scan: scan}
 	})
@@ -172,7 +172,7 @@ func (d shardRows) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
 
 // Relock upserts and locks each row a cleanup deleted, on its shard.
 func (d shardRows) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	scan := a.scanRows(s, false, true, false)
+	scan := a.scanRows(s, lockCols{placed: true})
 	return perRow(rows, func(r Row) Stmt {
 		return Stmt{SQL: a.relockSQL(d.Map.Table(s, r), s), Args: []any{r.Prefix, r.Key, a.Interval(r), a.clock}, Scan: scan}
 	})

@@ -213,18 +213,34 @@ func (a *Attempt) readsGrants(s Storage) bool { return a.spendsGrants && s == Du
 // scanInto reads locked rows of storage s, with the clock, and with their
 // grants when withGrants (a row per grant, or one with NULL grant columns).
 func (a *Attempt) scanInto(s Storage) func(RowScanner) error {
-	return a.scanRows(s, a.readsGrants(s), false, false)
+	return a.scanRows(s, lockCols{grants: a.readsGrants(s)})
 }
 
-// hold notes that a holds row r, its bucket b and its leases column (nil:
-// NULL), and returns its state.
-func (a *Attempt) hold(r Row, b account.Bucket, leases *string) *account.State {
+// grantOf is the grant of a lock's grant columns (exp nil: it never
+// expires).
+func grantOf(id, amount int64, exp *time.Time, ledger bool) account.Grant {
+	g := account.Grant{ID: id, Amount: amount, Ledger: ledger}
+	if exp != nil {
+		g.ExpiresAt = *exp
+	}
+	return g
+}
+
+// hold notes that a holds row r, its bucket b, its leases column (nil:
+// NULL) and its ctid (nil: not read), and returns its state.
+func (a *Attempt) hold(r Row, b account.Bucket, leases *string, tid *pgtype.TID) *account.State {
 	st := a.state[r]
 	if st == nil {
 		st = &account.State{}
 		a.state[r] = st
 	}
 	st.Bucket = b
+	if tid != nil {
+		if a.tids == nil {
+			a.tids = make(map[Row]pgtype.TID, len(a.rows))
+		}
+		a.tids[r] = *tid
+	}
 	if leases != nil {
 		if a.data == nil {
 			a.data = make(map[Row]string)
@@ -234,16 +250,30 @@ func (a *Attempt) hold(r Row, b account.Bucket, leases *string) *account.State {
 	return st
 }
 
-// scanRows is scanInto, with grant columns when grants, with a Citus
-// shard's placement check (shardRows) when placed: a row whose shard this
-// node no longer holds fails the transaction with ErrShardMoved; and with
-// each row's ctid before the clock when tid (the array statements).
-func (a *Attempt) scanRows(s Storage, grants, placed, tid bool) func(RowScanner) error {
+// lockCols are the columns a locking statement returns besides the row's
+// bucket and clock (and its leases column and override, as a reads them).
+type lockCols struct {
+	// at: the statement sent these rows (an array lock), and returns each
+	// row's position among them (1-based) instead of its prefix and key.
+	at []Row
+	// grants: the row's grants (a row per grant, or one with NULLs).
+	grants bool
+	// placed: a Citus shard's placement check (shardRows): a row whose
+	// shard this node no longer holds fails the transaction with
+	// ErrShardMoved.
+	placed bool
+	// tid: the row's ctid, before the clock (see sqlgen.Table.Update).
+	tid bool
+}
+
+// scanRows is scanInto, with the columns c of rows of storage s.
+func (a *Attempt) scanRows(s Storage, c lockCols) func(RowScanner) error {
 	return func(rs RowScanner) error {
 		// Scanned into once per statement, not once per row: Scan moves
 		// them to the heap.
 		var (
 			r          Row
+			at         int64
 			b          account.Bucket
 			capacity   pgtype.Int8 // NULL: written by an older release
 			leases     *string
@@ -251,27 +281,32 @@ func (a *Attempt) scanRows(s Storage, grants, placed, tid bool) func(RowScanner)
 			ovRefill   *int64
 			ovUntil    *time.Time
 			ovRead     *string // an unknown copy's override, as read after the lock (see sqlgen.Table.Overrides)
+			ctid       pgtype.TID
 			clock      time.Time
+			here       int64  // placements of the row's shard on this node
 			id, amount *int64 // NULL: no grant
 			exp        *time.Time
 			ledger     *bool
 		)
-		var here int64 // placements of the row's shard on this node
-		var ctid pgtype.TID
-		dest := []any{&r.Prefix, &r.Key, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity, &clock}
+		dest := []any{&r.Prefix, &r.Key}
+		if c.at != nil {
+			dest = []any{&at}
+		}
+		dest = append(dest, &b.Tokens, &b.RefilledAt, &b.ExpiresAt, &capacity)
 		if a.readsData {
-			dest = slices.Insert(dest, 6, any(&leases))
+			dest = append(dest, &leases)
 		}
 		if a.inlineOverrides() {
-			dest = slices.Insert(dest, len(dest)-1, any(&ovCap), any(&ovRefill), any(&ovUntil), any(&ovRead))
+			dest = append(dest, &ovCap, &ovRefill, &ovUntil, &ovRead)
 		}
-		if tid {
-			dest = slices.Insert(dest, len(dest)-1, any(&ctid))
+		if c.tid {
+			dest = append(dest, &ctid)
 		}
-		if placed {
+		dest = append(dest, &clock)
+		if c.placed {
 			dest = append(dest, &here)
 		}
-		if grants {
+		if c.grants {
 			dest = append(dest, &id, &amount, &exp, &ledger)
 		}
 		for rs.Next() {
@@ -280,26 +315,26 @@ func (a *Attempt) scanRows(s Storage, grants, placed, tid bool) func(RowScanner)
 			if err := rs.Scan(dest...); err != nil {
 				return err
 			}
-			if placed && here != 1 {
+			switch {
+			case c.placed && here != 1:
 				return ErrShardMoved
+			case c.at == nil:
+			case at < 1 || at > int64(len(c.at)):
+				return fmt.Errorf("pgratelimit: a lock returned row %d of %d", at, len(c.at)) // cannot happen
+			default:
+				r = c.at[at-1]
 			}
 			b.Capacity = capacity.Int64 // 0 when NULL
-			st := a.hold(r, b, leases)
-			if tid {
-				if a.tids == nil {
-					a.tids = make(map[Row]pgtype.TID, len(a.rows))
-				}
-				a.tids[r] = ctid
+			var tid *pgtype.TID
+			if c.tid {
+				tid = &ctid
 			}
+			st := a.hold(r, b, leases, tid)
 			if err := a.noteOverride(r, ovCap, ovRefill, ovUntil, ovRead); err != nil {
 				return err
 			}
 			if id != nil {
-				g := account.Grant{ID: *id, Amount: *amount, Ledger: *ledger}
-				if exp != nil {
-					g.ExpiresAt = *exp
-				}
-				st.Grants = append(st.Grants, g)
+				st.Grants = append(st.Grants, grantOf(*id, *amount, exp, *ledger))
 			}
 			// Rows are locked in order, so the last clock read is after
 			// every lock is held (or by a statement of its own after them,

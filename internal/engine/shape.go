@@ -118,13 +118,16 @@ func (arrays) Insert(s Storage, rows []Row, a *Attempt) []Stmt {
 	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Insert, Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}}}
 }
 
-// Lock and Relock read each row's ctid too, for Update.
+// Lock reads each row by its position in rows; Lock and Relock read each
+// row's ctid too, for Update.
 func (arrays) Lock(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.lockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.clock}, Scan: a.scanRows(s, a.readsGrants(s), false, true)}}
+	return []Stmt{{SQL: a.lockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), a.clock},
+		Scan: a.scanRows(s, lockCols{at: rows, grants: a.readsGrants(s), tid: true})}}
 }
 
 func (arrays) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
-	return []Stmt{{SQL: a.relockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock}, Scan: a.scanRows(s, a.readsGrants(s), false, true)}}
+	return []Stmt{{SQL: a.relockSQL(&s.Statements().Many, s), Args: []any{prefixArray(rows), keyArray(rows), horizonArray(rows, a), a.clock},
+		Scan: a.scanRows(s, lockCols{grants: a.readsGrants(s), tid: true})}}
 }
 
 // Update finds the rows by their ctids as the locks read them, and fails

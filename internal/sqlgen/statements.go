@@ -70,7 +70,9 @@ type Table struct {
 	// is (prefix, key) order, and read them with the clock ($3, or the
 	// database's clock_timestamp() read after each lock). lockSkip skips rows
 	// that another transaction holds: coalesced batches never wait for a row
-	// lock.
+	// lock. Over arrays (Statements.Many) they return each row's position in
+	// the arrays (from 1) instead of its prefix and key, which the engine
+	// has: no strings to send back and read.
 	Lock, LockSkip string
 	// relock is lock for rows that vanished between insert and lock (a
 	// cleanup deleted them): an upsert, which always returns the row, locked.
@@ -174,7 +176,7 @@ LEFT JOIN LATERAL (SELECT id, amount, expires_at, ledger FROM ` + pgx.Identifier
 func variant(q, skip string, grants bool) string {
 	if grants {
 		alias := "b"
-		if strings.Contains(q, "AS r(prefix, key)") {
+		if strings.Contains(q, "AS r(prefix, key") {
 			alias = "r"
 		}
 		return fmt.Sprintf(q, skip, grantCols, grantsOf(alias))
@@ -288,8 +290,8 @@ func ovSelect(ov bool) string {
 // manyRows are the statements over all of a table's rows as arrays (with
 // data, reading the leases column; with ov, the rows' overrides).
 func manyRows(t string, data, ov bool) Table {
-	lock := `SELECT r.prefix, r.key, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, t.ctid, ` + dbClock3 + `%[2]s
-FROM unnest($1::text[], $2::text[]) AS r(prefix, key),
+	lock := `SELECT r.i, t.tokens, t.refilled_at, t.expires_at, t.capacity` + dataCol("t", data) + `%[4]s, t.ctid, ` + dbClock3 + `%[2]s
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS r(prefix, key, i),
 LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + `, ctid FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	lock = withOv(lock, ov, ovCols("t", "r"))
