@@ -63,6 +63,23 @@ func (e *timeElem) TimestamptzValue() (pgtype.Timestamptz, error) {
 	return pgtype.Timestamptz{Time: time.Time(*e), Valid: true}, nil
 }
 
+// durations is an interval[] parameter, each of microseconds alone (as
+// sqlgen.Interval writes them).
+type durations []time.Duration
+
+func (a durations) Dimensions() []pgtype.ArrayDimension { return dimensions(len(a)) }
+func (a durations) Index(i int) any                     { return (*durationElem)(&a[i]) }
+func (a durations) IndexType() any                      { return (*durationElem)(nil) }
+func (a durations) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: sqlgen.TextArray(len(a), func(i int) string { return sqlgen.Interval(a[i]) }), Valid: true}, nil
+}
+
+type durationElem time.Duration
+
+func (e *durationElem) IntervalValue() (pgtype.Interval, error) {
+	return pgtype.Interval{Microseconds: time.Duration(*e).Microseconds(), Valid: true}, nil
+}
+
 // tids is a tid[] parameter: the ctids of locked rows.
 type tids []pgtype.TID
 

@@ -3,8 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
@@ -75,5 +79,23 @@ VALUES ('p', 'a', 1, now(), now()), ('p', 'b', 1, now(), now())`); err != nil {
 	}
 	if err := ex.Pipeline(ctx, []Stmt{arg(update(stale))}); !errors.Is(err, errChanged) {
 		t.Fatalf("database/sql, an UPDATE of a ctid of no row: %v, want errChanged", err)
+	}
+}
+
+// An interval[] parameter (durations) reads back as the durations it was
+// made of, in binary and as the array literal the exec and simple-protocol
+// modes send; the longest horizon a policy may have included.
+func TestIntervalLiteral(t *testing.T) {
+	ctx := context.Background()
+	pool := testdb.NewSchema(t).Pool(t, 1)
+	want := durations{0, time.Microsecond, 90*time.Minute + time.Microsecond, 1000 * time.Hour, time.Duration(math.MaxInt64).Truncate(time.Microsecond)}
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+		var got []time.Duration
+		if err := pool.QueryRow(ctx, "SELECT $1::interval[]", mode, want).Scan(&got); err != nil {
+			t.Fatalf("mode %v: %v", mode, err)
+		}
+		if !slices.Equal(got, []time.Duration(want)) {
+			t.Errorf("mode %v: %v, want %v", mode, got, want)
+		}
 	}
 }

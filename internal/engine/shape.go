@@ -245,9 +245,10 @@ func prefixArray(rows []Row) texts { return column(rows, func(r Row) string { re
 
 func keyArray(rows []Row) texts { return column(rows, func(r Row) string { return r.Key }) }
 
-// horizonArray is each row's Interval: text, cast to interval[] by the
-// statement (pgx encodes no interval from a string).
-func horizonArray(rows []Row, a *Attempt) texts { return column(rows, a.Interval) }
+// horizonArray is each row's horizon (see Plan.Interval).
+func horizonArray(rows []Row, a *Attempt) durations {
+	return column(rows, func(r Row) time.Duration { return a.horizons[r] })
+}
 
 // column is f of each of rows, an array parameter.
 func column[R, T any](rows []R, f func(R) T) []T {

@@ -296,7 +296,7 @@ LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) +
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	lock = withOv(lock, ov, ovCols("t", "r"))
 	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM unnest($1::text[], $2::text[], $3::text[]::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
+FROM unnest($1::text[], $2::text[], $3::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
 ORDER BY r.i`
 	update := `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
 FROM unnest($1::tid[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::bigint[])
