@@ -178,7 +178,7 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 			name, sql, args string
 			lookup          string // each row's, in a nested loop
 		}{
-			{"insert", sql.Many.Insert, rows + ", " + horizons, ""},
+			{"insert", sql.Many.Insert, rows + ", " + horizons, "Index"},
 			{"lock", sql.Many.Lock, rows + ", NULL", "Index Scan using"},
 			{"lockSkip", sql.Many.LockSkip, rows + ", NULL", "Index Scan using"},
 			{"relock", sql.Many.Relock, rows + ", " + horizons, ""},

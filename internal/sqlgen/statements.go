@@ -295,8 +295,19 @@ FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS r(prefix, key, i),
 LATERAL (SELECT tokens, refilled_at, expires_at, capacity` + dataCol("", data) + ovSelect(ov) + `, ctid FROM ` + t + `
          WHERE prefix = r.prefix AND key = r.key FOR UPDATE%[1]s) t%[3]s`
 	lock = withOv(lock, ov, ovCols("t", "r"))
-	values := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
-FROM unnest($1::text[], $2::text[], $3::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)
+	rows := `SELECT r.prefix, r.key, 0, ` + placeholderTime + `, ` + expiryOf("r.h") + `
+FROM unnest($1::text[], $2::text[], $3::interval[]) WITH ORDINALITY AS r(prefix, key, h, i)`
+	values := rows + `
+ORDER BY r.i`
+	// The INSERT passes over the rows its snapshot sees, most of a busy
+	// table's: a plain index probe costs less than a speculative
+	// insertion's conflict check (1.4 against 1.9 µs a row, issue #44),
+	// and a row that another transaction is updating is left to the lock
+	// rather than waited for. A row deleted since the snapshot is missing
+	// at the lock, as when a cleanup deletes it between the INSERT and the
+	// lock: the relock inserts it, or the batch defers its checks.
+	absent := rows + `
+WHERE NOT EXISTS (SELECT FROM ` + t + ` AS e WHERE e.prefix = r.prefix AND e.key = r.key)
 ORDER BY r.i`
 	update := `UPDATE ` + t + ` AS t SET tokens = r.tokens, refilled_at = r.refilled_at, expires_at = r.expires_at, capacity = r.capacity
 FROM unnest($1::tid[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::bigint[])
@@ -304,7 +315,7 @@ FROM unnest($1::tid[], $2::bigint[], $3::timestamptz[], $4::timestamptz[], $5::b
 WHERE t.ctid = r.ctid`
 	return Table{
 		Insert: `INSERT INTO ` + t + ` (prefix, key, tokens, refilled_at, expires_at)
-` + values + `
+` + absent + `
 ON CONFLICT (prefix, key) DO NOTHING`,
 		Lock:           variant(lock, "", false),
 		LockSkip:       variant(lock, " SKIP LOCKED", false),
