@@ -199,8 +199,9 @@ func (c *Client) dialect(ctx context.Context) (engine.Dialect, error) {
 // Close stops c: checks that start after it return ErrClosed, and it waits
 // for the checks in flight to be decided and for the coalescer's
 // transactions to end, or for ctx to end (then it returns ctx's error; the
-// rest still finish in the background). It does not close the pool.
-// Calling it again waits again.
+// rest still finish in the background). It ends the goroutines that the
+// coalescer keeps waiting for its next batches (one per CoalesceConns at
+// most). It does not close the pool. Calling it again waits again.
 func (c *Client) Close(ctx context.Context) error {
 	c.gate.close()
 	idle := make(chan struct{})
