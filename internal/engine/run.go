@@ -23,13 +23,15 @@ type Stmt struct {
 	Args []any
 	Scan func(RowScanner) error // nil for statements that return no rows
 	// Changes, when not 0, is how many rows the statement (one without
-	// Scan) must change: another count fails the transaction with
-	// errChanged.
+	// Scan) must change: another count is errChanged.
 	Changes int64
 }
 
 // errChanged is a statement's failure to change the rows it names
-// (Stmt.Changes): a bug of ours, caught before COMMIT.
+// (Stmt.Changes): a bug of ours, which the requests of the transaction
+// get as their error, and tests see. It is read with the statement's
+// result, so a COMMIT sent in the same round trip has run by then: it
+// reports a lost write, it does not prevent one.
 var errChanged = errors.New("pgratelimit: an UPDATE did not change the rows the transaction holds")
 
 // changed checks that a statement s that changed n rows changed
