@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pgratelimit/pgratelimit/internal/citus"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 	"github.com/pgratelimit/pgratelimit/internal/testdb"
 )
 
@@ -476,5 +478,56 @@ FOR EACH ROW WHEN (NEW.key = 'flaky') EXECUTE FUNCTION flaky()`,
 	}
 	if r, err := l.Peek(ctx, "flaky"); err != nil || r.Remaining != 4 {
 		t.Fatalf("flaky after the chain: %+v %v, want 4 left", r, err)
+	}
+}
+
+// Every array lock and relock, in every variant (with the leases column,
+// the overrides, the grants), returns each row's ctid just before the
+// clock, and the locks return each row's position first: the columns the
+// engine scans (lockCols) in its order.
+func TestArrayLockColumns(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testdb.Pool(t)
+	if onCitus(t, pool) {
+		t.Skip("distributed tables take one-row statements only")
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for _, s := range []Storage{Durable, Ephemeral} {
+		base := &s.statements().Many
+		tables := map[string]*sqlgen.Table{"plain": base, "data": base.Data, "overrides": base.Overrides, "data+overrides": base.Data.Overrides}
+		for name, tab := range tables {
+			for _, st := range []struct {
+				name, sql string
+				lock      bool
+			}{
+				{"lock", tab.Lock, true}, {"lockSkip", tab.LockSkip, true}, {"lockGrants", tab.LockGrants, true},
+				{"lockSkipGrants", tab.LockSkipGrants, true}, {"relock", tab.Relock, false}, {"relockGrants", tab.RelockGrants, false},
+			} {
+				sd, err := conn.Conn().Prepare(ctx, "", st.sql)
+				if err != nil {
+					t.Fatalf("%v %s %s: %v", s, name, st.name, err)
+				}
+				var cols []string
+				for _, f := range sd.Fields {
+					cols = append(cols, f.Name)
+				}
+				at := slices.Index(cols, "ctid")
+				first := "prefix"
+				if st.lock {
+					first = "i"
+				}
+				if at < 0 || at+1 == len(cols) || (cols[at+1] != "coalesce" && cols[at+1] != "clock") || cols[0] != first {
+					t.Errorf("%v %s %s: columns %v, want %s first and the ctid just before the clock", s, name, st.name, cols, first)
+				}
+				if grants := strings.HasSuffix(st.name, "Grants"); grants != slices.Equal(cols[len(cols)-4:], []string{"id", "amount", "expires_at", "ledger"}) {
+					t.Errorf("%v %s %s: columns %v, grants %v", s, name, st.name, cols, grants)
+				}
+			}
+		}
 	}
 }
