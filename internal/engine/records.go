@@ -68,10 +68,7 @@ func toDetailGrant(g account.Grant) detailGrant {
 }
 
 func (d detailGrant) grant() account.Grant {
-	g := account.Grant{ID: d.ID, Amount: d.Amount, Ledger: d.Ledger}
-	if d.ExpiresAt != nil {
-		g.ExpiresAt = *d.ExpiresAt
-	}
+	g := grantOf(d.ID, d.Amount, d.ExpiresAt, d.Ledger)
 	if d.GrantedAt != nil {
 		g.GrantedAt = *d.GrantedAt
 	}
