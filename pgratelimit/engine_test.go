@@ -185,6 +185,7 @@ func TestBatchPlansAreIndexLookups(t *testing.T) {
 			{"lockSkip", sql.Many.LockSkip, rows + ", NULL", "Index Scan using"},
 			{"relock", sql.Many.Relock, rows + ", " + horizons, ""},
 			{"update", sql.Many.Update, `'{"(0,1)","(0,2)"}', '{1,2}', ` + times + ", " + times + ", '{5,5}'", "Tid Scan"},
+			{"updateData", sql.Many.Data.UpdateData, `'{"(0,1)","(0,2)"}', '{"[]",""}', ` + times, "Tid Scan"},
 		} {
 			name := fmt.Sprintf("s%d_%d", s, i)
 			if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+c.sql); err != nil {

@@ -28,7 +28,7 @@ func TestGoldenSQL(t *testing.T) {
 			for _, f := range []struct{ n, sql string }{
 				{"insert", ts.Insert}, {"guardedInsert", ts.GuardedInsert}, {"lock", ts.Lock}, {"lockSkip", ts.LockSkip},
 				{"relock", ts.Relock}, {"update", ts.Update}, {"lockGrants", ts.LockGrants}, {"lockSkipGrants", ts.LockSkipGrants},
-				{"relockGrants", ts.RelockGrants},
+				{"relockGrants", ts.RelockGrants}, {"updateData", ts.UpdateData},
 			} {
 				if f.sql != "" {
 					fmt.Fprintf(&b, "== %s.%s.%s\n%s\n", name, part.name, f.n, f.sql)
@@ -62,7 +62,7 @@ func TestGoldenSQL(t *testing.T) {
 		name string
 		ls   sqlgen.LeaseStatements
 	}{{"leases", sqlgen.Leases}, {"ephemeral leases", sqlgen.EphemeralLeases}} {
-		fmt.Fprintf(&b, "== %[1]s.write.one\n%[2]s\n== %[1]s.write.many\n%[3]s\n== %[1]s.list\n%[4]s\n", l.name, l.ls.Write.One, l.ls.Write.Many, l.ls.List)
+		fmt.Fprintf(&b, "== %[1]s.list\n%[2]s\n", l.name, l.ls.List)
 	}
 	fmt.Fprintf(&b, "== leases.tokens\n%s\n", sqlgen.LeaseTokens)
 	fmt.Fprintf(&b, "== notify.one\n%s\n== notify.many\n%s\n== notifyUnbounded.one\n%s\n== notifyUnbounded.many\n%s\n",

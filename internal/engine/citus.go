@@ -185,6 +185,11 @@ func (d shardRows) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	})
 }
 
+// UpdateData is OneRow's (routed transactions write buckets only).
+func (shardRows) UpdateData(s Storage, rows []Row, a *Attempt) []Stmt {
+	return OneRow{}.UpdateData(s, rows, a)
+}
+
 // Values is OneRow's (routed transactions write buckets only).
 func (shardRows) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {
 	return OneRow{}.Values(sql, rows, scan)

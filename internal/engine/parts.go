@@ -72,11 +72,25 @@ func (a *Attempt) Account(r Row) account.State {
 	return account.State{}
 }
 
-// Data is the leases column of r as a locked it (the data of the Part that
-// decides r's charges: a key's concurrency leases, as internal/lease writes
-// them), "" when NULL or when a does not hold r. The engine reads it with
-// the lock, in the same statement, and never writes it: its Part does.
+// Data is the leases column of r as a's decisions so far left it (the data
+// of the Part that decides r's charges: a key's concurrency leases, as
+// internal/lease encodes them), "" when NULL or when a does not hold r. The
+// engine reads it with the lock, in the same statement.
 func (a *Attempt) Data(r Row) string { return a.data[r] }
+
+// SetData has a write data as r's leases column ("": NULL) when it closes,
+// and keep r's row until keep at least (its expiry moves to keep when
+// earlier): a Part's write, from its Write, of a row it decided and a
+// holds, whose balance no charge of a changes.
+func (a *Attempt) SetData(r Row, data string, keep time.Time) {
+	if a.data == nil {
+		a.data = make(map[Row]string)
+	}
+	if a.keep == nil {
+		a.keep = make(map[Row]time.Time)
+	}
+	a.data[r], a.keep[r] = data, keep
+}
 
 // Notify has a send a notification on channel with payload, delivered by
 // PostgreSQL when a commits (never if it does not), once however often a

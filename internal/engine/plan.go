@@ -120,12 +120,13 @@ type Attempt struct {
 	grantID int64
 
 	// What the decisions write besides the buckets and grants.
-	records []recordWrite  // request records, new or settled
-	ledger  [][]any        // ledger rows
-	resets  []Row          // rows to delete
-	locals  map[any]any    // the parts' and observers' state (Local)
-	data    map[Row]string // the rows' leases column, when not NULL (Data)
-	notes   [][]any        // notifications (channel, payload), in order (Notify)
+	records []recordWrite     // request records, new or settled
+	ledger  [][]any           // ledger rows
+	resets  []Row             // rows to delete
+	locals  map[any]any       // the parts' and observers' state (Local)
+	data    map[Row]string    // the rows' leases column, when not NULL (Data)
+	keep    map[Row]time.Time // the rows whose leases column to write, and their expiry at least (SetData)
+	notes   [][]any           // notifications (channel, payload), in order (Notify)
 	// overrides are the rows' overrides as read (readsOverrides), and
 	// overrideWrites the rows whose override an OpPlan request sets or
 	// clears, in order.
@@ -409,8 +410,9 @@ func (a *Attempt) decideAll(ex Executor) (deferred []*Request, err error) {
 
 // close returns the statements that end a: the UPDATE of the rows that
 // changed, the grants, request records and ledger rows its decisions wrote,
-// the rows they reset, the parts' and observers' writes, the notifications,
-// and COMMIT in an own transaction.
+// the rows they reset, the parts' and observers' writes (the leases columns
+// the parts set among them), the notifications, and COMMIT in an own
+// transaction.
 func (a *Attempt) close() []Stmt {
 	var stmts []Stmt
 	var changed []Row
@@ -445,6 +447,17 @@ func (a *Attempt) close() []Stmt {
 	}
 	for _, p := range a.parts() {
 		stmts = append(stmts, p.Write(a)...)
+	}
+	if len(a.keep) > 0 {
+		var rows []Row
+		for _, r := range a.rows {
+			if _, ok := a.keep[r]; ok {
+				rows = append(rows, r)
+			}
+		}
+		for s, part := range byStorage(rows) {
+			stmts = append(stmts, a.shape.UpdateData(s, part, a)...)
+		}
 	}
 	for _, o := range a.observers() {
 		stmts = append(stmts, o.Write(a)...)

@@ -20,6 +20,9 @@ type Shape interface {
 	Lock(s Storage, rows []Row, a *Attempt) []Stmt
 	Relock(s Storage, rows []Row, a *Attempt) []Stmt
 	Update(s Storage, rows []Row, a *Attempt) []Stmt
+	// UpdateData writes the leases columns that a's parts set
+	// (Attempt.SetData).
+	UpdateData(s Storage, rows []Row, a *Attempt) []Stmt
 	// Values runs sql over rows of values (string, int64 and time.Time
 	// columns), reading what it returns with scan (nil: nothing).
 	Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt
@@ -67,6 +70,14 @@ func (OneRow) Relock(s Storage, rows []Row, a *Attempt) []Stmt {
 func (OneRow) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 	return perRow(rows, func(r Row) Stmt {
 		return Stmt{SQL: a.tableFor(&s.Statements().One).Update, Args: a.updateArgs(r)}
+	})
+}
+
+// UpdateData writes each row's leases column as set.
+func (OneRow) UpdateData(s Storage, rows []Row, a *Attempt) []Stmt {
+	sql := a.tableFor(&s.Statements().One).UpdateData
+	return perRow(rows, func(r Row) Stmt {
+		return Stmt{SQL: sql, Args: []any{r.Prefix, r.Key, a.data[r], a.keep[r]}}
 	})
 }
 
@@ -142,6 +153,16 @@ func (arrays) Update(s Storage, rows []Row, a *Attempt) []Stmt {
 		int64s(column(bs, func(b *account.Bucket) int64 { return b.Capacity })),
 	}
 	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).Update, Args: args, Changes: int64(len(rows))}}
+}
+
+// UpdateData finds the rows by their ctids, as Update does.
+func (arrays) UpdateData(s Storage, rows []Row, a *Attempt) []Stmt {
+	args := []any{
+		tids(column(rows, func(r Row) pgtype.TID { return a.tids[r] })),
+		texts(column(rows, func(r Row) string { return a.data[r] })),
+		times(column(rows, func(r Row) time.Time { return a.keep[r] })),
+	}
+	return []Stmt{{SQL: a.tableFor(&s.Statements().Many).UpdateData, Args: args, Changes: int64(len(rows))}}
 }
 
 func (arrays) Values(sql sqlgen.Rows, rows [][]any, scan func(RowScanner) error) []Stmt {

@@ -8,58 +8,34 @@ import (
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
-// Write returns the statements that write what a's decisions did to its
-// keys' leases, the first time a Part of a is asked (the state is shared):
-// per table, one UPDATE of the changed keys' rows (their leases, and an
-// expiry that keeps each row while its leases are
-// remembered); and it has the engine notify the releases from full keys
-// (delivered at COMMIT, only if it commits).
+// Write has the engine write what a's decisions did to its keys' leases,
+// the first time a Part of a is asked (the state is shared): each changed
+// key's leases column, and an expiry that keeps its row while its leases
+// are remembered (engine.Attempt.SetData); and notify the releases from
+// full keys (delivered at COMMIT, only if it commits). It adds no
+// statement of its own.
 func (p Part) Write(a *engine.Attempt) []engine.Stmt {
 	st := stateOf(a)
 	if st.written {
 		return nil
 	}
 	st.written = true
-	var (
-		rows   [2][][]any // by storage
-		cells  []any      // every row's values, in one allocation
-		prefix any        // the last row's prefix, boxed once for its rows
-	)
-	now, all := a.Now(), a.Rows()
-	for _, r := range all { // lock order: the same statements for the same work
+	now := a.Now()
+	for _, r := range a.Rows() { // lock order: the same statements for the same work
 		ks := st.keys[r]
 		if ks == nil || !ks.dirty {
 			continue
 		}
-		col := Encode(ks.leases) // as Apply left them: less those forgotten at now
 		keep := Remembered(ks.leases)
 		if keep.Before(now) {
 			keep = now
 		}
-		if cells == nil {
-			cells = make([]any, 0, 4*len(all))
-		}
-		if p, _ := prefix.(string); prefix == nil || p != r.Prefix {
-			prefix = r.Prefix
-		}
-		if rows[r.Storage] == nil {
-			rows[r.Storage] = make([][]any, 0, len(all))
-		}
-		i := len(cells)
-		cells = append(cells, prefix, r.Key, col, roundUp(keep))
-		rows[r.Storage] = append(rows[r.Storage], cells[i:len(cells):len(cells)])
+		a.SetData(r, Encode(ks.leases), roundUp(keep)) // as Apply left them: less those forgotten at now
 		if ks.notify {
 			a.Notify(sqlgen.LeaseChannel(r.Prefix), r.Key)
 		}
 	}
-	var stmts []engine.Stmt
-	sh := a.Shape()
-	for s, vals := range rows {
-		if len(vals) > 0 {
-			stmts = append(stmts, sh.Values(StatementsOf(engine.Storage(s)).Write, vals, nil)...)
-		}
-	}
-	return stmts
+	return nil
 }
 
 // roundUp rounds t up to account.ExpiryGranularity, as bucket expiries

@@ -15,15 +15,8 @@ const LeaseTokensSequence = "pgratelimit_lease_tokens"
 // LeaseStatements are the statements of the concurrency leases
 // (internal/lease) kept in one bucket table. A key's leases are the leases
 // column of its row (migration 00009), which the engine's lock reads with
-// the row; these write it back, and list it without a lock.
+// the row and writes back (Table.UpdateData); this lists it without a lock.
 type LeaseStatements struct {
-	// Write writes keys' leases and moves their row's expiry to at least
-	// a time: (prefix, key, leases as JSON or "" for none, expires_at).
-	// It is the lease operations' only write, on the row they locked: also
-	// what makes a transaction under REPEATABLE READ or SERIALIZABLE that
-	// locked the row with an older snapshot fail with a serialization
-	// error rather than decide on leases it cannot see.
-	Write Rows
 	// List reads a key's leases ($1, $2) with the clock ($3, else the
 	// database's): NULL leases when it has none, or no row.
 	List string
@@ -38,13 +31,6 @@ var (
 
 func leaseStatements(t string) LeaseStatements {
 	return LeaseStatements{
-		Write: Rows{
-			One: `UPDATE ` + t + ` SET leases = NULLIF($3::text, '')::json, expires_at = greatest(expires_at, $4::text::timestamptz)
-WHERE prefix = $1 AND key = $2`,
-			Many: `UPDATE ` + t + ` AS b SET leases = NULLIF(r.leases, '')::json, expires_at = greatest(b.expires_at, r.expires_at)
-FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS r(prefix, key, leases, expires_at)
-WHERE b.prefix = r.prefix AND b.key = r.key`,
-		},
 		List: `SELECT b.leases, COALESCE($3::timestamptz, clock_timestamp())
 FROM (SELECT 1) one LEFT JOIN ` + t + ` b ON b.prefix = $1 AND b.key = $2`,
 	}

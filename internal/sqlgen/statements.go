@@ -89,6 +89,16 @@ type Table struct {
 	// its rows' current versions. A stale one would match no row, and the
 	// engine counts the rows changed (engine.Stmt.Changes).
 	Update string
+	// UpdateData (in the Data variants only) writes rows' leases column
+	// (NULL for "") and moves each row's expiry to at least a time: the
+	// write of a Part's decisions (see internal/lease), on rows whose
+	// balance it never touches. One row: ($1, $2, leases, expires_at);
+	// over arrays, as Update: the rows' ctids, then the leases and the
+	// expiries. It is the lease operations' only write, on the rows they
+	// locked: also what makes a transaction under REPEATABLE READ or
+	// SERIALIZABLE that locked a row with an older snapshot fail with a
+	// serialization error rather than decide on leases it cannot see.
+	UpdateData string
 	// lockGrants, lockSkipGrants and relockGrants are lock, lockSkip and
 	// relock that also read the key's grants (amount > 0; expiry is judged
 	// in Go, by the check's clock), locked, only for the rows whose lock
@@ -324,7 +334,18 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		Relock:         relock(t, values, dbClock4, true, data, ov),
 		RelockGrants:   relockGrants(t, values, true, data, ov),
 		Update:         update,
+		UpdateData: ifData(data, `UPDATE `+t+` AS t SET leases = NULLIF(r.leases, '')::json, expires_at = greatest(t.expires_at, r.expires_at)
+FROM unnest($1::tid[], $2::text[], $3::timestamptz[]) AS r(ctid, leases, expires_at)
+WHERE t.ctid = r.ctid`),
 	}
+}
+
+// ifData is q with data; else nothing.
+func ifData(data bool, q string) string {
+	if !data {
+		return ""
+	}
+	return q
 }
 
 // withOv fills lock statement q's %[4]s (after capacity and the leases
@@ -361,6 +382,8 @@ ON CONFLICT (prefix, key) DO NOTHING`,
 		Relock:         relock(t, values, dbClock4+extra, false, data, ov),
 		RelockGrants:   relockGrants(t, values, false, data, ov),
 		Update:         update,
+		UpdateData: ifData(data, `UPDATE `+t+` SET leases = NULLIF($3::text, '')::json, expires_at = greatest(expires_at, $4::timestamptz)
+WHERE prefix = $1 AND key = $2`),
 	}
 }
 
