@@ -84,10 +84,10 @@ func (a *Attempt) Data(r Row) string { return a.data[r] }
 // holds, whose balance no charge of a changes.
 func (a *Attempt) SetData(r Row, data string, keep time.Time) {
 	if a.data == nil {
-		a.data = make(map[Row]string)
+		a.data = make(map[Row]string, len(a.rows))
 	}
 	if a.keep == nil {
-		a.keep = make(map[Row]time.Time)
+		a.keep = make(map[Row]time.Time, len(a.rows))
 	}
 	a.data[r], a.keep[r] = data, keep
 }

@@ -244,7 +244,7 @@ func (a *Attempt) hold(r Row, b account.Bucket, leases *string, tid *pgtype.TID)
 	}
 	if leases != nil {
 		if a.data == nil {
-			a.data = make(map[Row]string)
+			a.data = make(map[Row]string, len(a.rows))
 		}
 		a.data[r] = *leases
 	}

@@ -46,7 +46,7 @@ type keyState struct {
 }
 
 func stateOf(a *engine.Attempt) *state {
-	return a.Local(stateKey{}, func() any { return &state{keys: make(map[engine.Row]*keyState)} }).(*state)
+	return a.Local(stateKey{}, func() any { return &state{keys: make(map[engine.Row]*keyState, len(a.Rows()))} }).(*state)
 }
 
 // key returns r's state, decoding the leases a read with r's lock the
