@@ -70,6 +70,7 @@ type Client struct {
 	nodes    map[*citus.Node]*coalesce.Coalescer // the coalescers of the nodes routed to
 
 	dia       atomic.Pointer[engine.Dialect] // nil until known
+	txDia     atomic.Pointer[engine.Dialect] // as a caller's transaction found it, while dia is unknown (txDialect)
 	detecting sync.Mutex                     // one detection at a time
 
 	// The deny caches of the client's limiters, by Prefix, so that a
@@ -113,7 +114,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, cfg ClientConfig) (*Clie
 	c := newClient(pool, orDefault(cfg.CoalesceConns, defaultCoalesceConns))
 	c.routing = !cfg.DisableRouting
 	c.noRecord = cfg.DisablePolicyRecord
-	d, err := citus.Detect(ctx, c.pool)
+	d, err := citus.Detect(ctx, engine.PgxExecutor{Q: c.pool})
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +189,7 @@ func (c *Client) dialect(ctx context.Context) (engine.Dialect, error) {
 	if d := c.dia.Load(); d != nil {
 		return *d, nil
 	}
-	d, err := citus.Detect(ctx, c.pool)
+	d, err := citus.Detect(ctx, engine.PgxExecutor{Q: c.pool})
 	if err != nil {
 		return nil, err
 	}

@@ -276,7 +276,7 @@ func planOf(t *testing.T, l *Limiter, reqs []*engine.Request, mode engine.LockMo
 // onCitus says whether pool's bucket tables are distributed.
 func onCitus(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()
-	d, err := citus.Detect(context.Background(), pool)
+	d, err := citus.Detect(context.Background(), engine.PgxExecutor{Q: pool})
 	if err != nil {
 		t.Fatal(err)
 	}

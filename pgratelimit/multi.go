@@ -234,7 +234,7 @@ func (cl call) run(charges []Charge, tx *Tx) error {
 	client, _ := charges[0].owner()
 	for _, c := range charges {
 		if c.lim != nil {
-			c.lim.notePolicy(cl.q.Ctx)
+			c.lim.notePolicy(cl.q.Ctx, tx != nil)
 		}
 	}
 	if tx != nil {

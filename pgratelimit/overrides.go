@@ -160,18 +160,36 @@ func newPolicyNote(cfg Config) *policyNote {
 	return &policyNote{args: []any{cfg.Prefix, cfg.Storage.String(), cfg.Capacity, cfg.Refill, sched, strings.Join(features, ",")}}
 }
 
+// asyncPolicyTimeout bounds notePolicy's record for an operation in the
+// caller's transaction.
+const asyncPolicyTimeout = 30 * time.Second
+
 // notePolicy records l's policy at its first operation in this process:
-// one statement on the pool (also for a limiter in the caller's
-// transaction, whose failure it must not cause), bounded by the
-// operation's context (a check's deadline, a middleware's CheckTimeout,
-// bounds it too). A failure (a schema without migration 00010, a context
-// that ended) is not the operation's: tools then show no policy.
-func (l *Limiter) notePolicy(ctx context.Context) {
+// one statement on the pool, bounded by the operation's context (a check's
+// deadline, a middleware's CheckTimeout, bounds it too). A failure (a
+// schema without migration 00010, a context that ended) is not the
+// operation's: tools then show no policy. For an operation in the caller's
+// transaction (inTx) it is never the transaction's statement (whose
+// failure it must not cause) and the operation does not wait for it: it
+// runs on a goroutine of its own, within asyncPolicyTimeout, since the
+// caller's transactions may hold every connection of the pool until this
+// operation returns.
+func (l *Limiter) notePolicy(ctx context.Context, inTx bool) {
 	n := l.note
 	if n == nil || l.client.noRecord || l.client.mem != nil || n.done.Load() || !n.done.CompareAndSwap(false, true) {
 		return
 	}
 	if l.client.notedPolicy(n.args) {
+		return
+	}
+	if inTx {
+		go func() {
+			// Not ended by the operation's end (a request's context
+			// often is), but bounded.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncPolicyTimeout)
+			defer cancel()
+			_, _ = l.client.pool.Exec(ctx, sqlgen.Policies.Record, n.args...)
+		}()
 		return
 	}
 	_, _ = l.client.pool.Exec(ctx, sqlgen.Policies.Record, n.args...)

@@ -3,11 +3,14 @@ package pgratelimit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 
 	"github.com/jackc/pgerrcode"
 	"github.com/jackc/pgx/v5"
@@ -216,6 +219,55 @@ func TestOverrideUnknownCopyUntil(t *testing.T) {
 	clock.Add(time.Microsecond) // Until: the override has ended
 	r, err = l.AllowN(ctx, "k", 1)
 	mustResult(t, r, err, 10, 9)
+}
+
+// A limiter's first check in the caller's transaction learns the
+// database's dialect through that transaction, not through the pool: here
+// the transaction holds the pool's only connection, and a limiter with
+// Overrides (whose statements are the dialect's) decides at once rather
+// than waiting for a connection until its context ends. A client that has
+// not checked on its pool yet does so first: Citus refuses plain
+// PostgreSQL's lateral join of the grants (In(tx).Grant).
+func TestFirstCheckInTxAsksThroughTx(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := testdb.NewSchema(t).Pool(t, 1)
+	for _, ov := range []bool{true, false} {
+		l, err := New(pool, Config{Prefix: fmt.Sprintf("first-%v", ov), Capacity: 10, Refill: 1, Interval: time.Hour, Overrides: ov})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tx.Rollback(ctx) }) // a failed test's: the pool's Close waits for it
+		r, err := l.In(PgxTx(tx)).AllowN(ctx, "k", 4)
+		mustResult(t, r, err, 10, 6)
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r, err = l.Peek(ctx, "k")
+		mustResult(t, r, err, 10, 6)
+	}
+	// The policies were recorded all the same, once the pool had a
+	// connection free.
+	for {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+sqlgen.PoliciesTable+` WHERE prefix LIKE 'first-%'`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 2 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d policies recorded, want 2", n)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // SetOverride and ClearOverride in the caller's transaction: written only

@@ -492,7 +492,7 @@ func (l *Limiter) Peek(ctx context.Context, key string) (Result, error) {
 		return Result{}, err
 	}
 	ov, policy := l.peekOverride(key)
-	l.notePolicy(ctx)
+	l.notePolicy(ctx, l.tx != nil)
 	st, now, err := l.load(ctx, key, "peek "+quoteKey(key), func(st *account.State, now *time.Time) []engine.Stmt {
 		return append(engine.ReadState(l.row(key), l.clock.Param(), l.cfg.Grants, st, now), ov...)
 	})

@@ -3,11 +3,11 @@ package pgratelimit
 import (
 	"context"
 	"database/sql"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/account"
+	"github.com/pgratelimit/pgratelimit/internal/citus"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 )
 
@@ -75,8 +75,7 @@ func (tx Tx) AllowAll(ctx context.Context, charges ...Charge) (MultiResult, erro
 
 // runIn runs q in the caller's transaction tx through c: tx's isolation and
 // lock_timeout, one row per statement whatever the dialect (Citus takes
-// them too; the dialect is the client's if known, else plain PostgreSQL's,
-// unless q reads overrides). what names it in errors.
+// them too; see txDialect). what names it in errors.
 func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engine.Settings, what string) error {
 	if c.mem != nil {
 		return errMemoryTx
@@ -88,23 +87,36 @@ func (c *Client) runIn(ctx context.Context, tx *Tx, q *engine.Request, set engin
 		return ErrClosed
 	}
 	defer c.gate.leave()
-	set.Dialect = engine.Postgres{}
-	if known := c.dia.Load(); known != nil {
-		set.Dialect = *known
-	} else if slices.ContainsFunc(q.Charges, func(ch engine.Charge) bool { return ch.Overrides }) {
-		// How a check reads overrides is the dialect's (on Citus, not in
-		// the locks, whose override function cannot run on a shard): ask
-		// the database, once, as a check on the pool does.
-		d, err := c.dialect(ctx)
-		if err != nil {
-			return engine.DBError(what+" in transaction", err)
-		}
-		set.Dialect = d
+	d, err := c.txDialect(ctx, tx)
+	if err != nil {
+		return engine.DBError(what+" in transaction", err)
 	}
+	set.Dialect = d
 	if err := engine.RunIn(ctx, tx.ex, engine.NewPlan([]*engine.Request{q}, set, false, engine.WaitLocks)); err != nil {
 		return engine.DBError(what+" in transaction", err)
 	}
 	return q.Result()
+}
+
+// txDialect is the dialect of c's checks in the caller's transactions:
+// the client's if known, else the one the first such transaction found,
+// asked through it (two catalog reads, once), never through c's pool, of
+// which the caller's transaction may hold the last connection. Both
+// matter: Citus refuses some of plain PostgreSQL's statements (the grants'
+// lateral join), and reads overrides in statements of its own.
+func (c *Client) txDialect(ctx context.Context, tx *Tx) (engine.Dialect, error) {
+	if d := c.dia.Load(); d != nil {
+		return *d, nil
+	}
+	if d := c.txDia.Load(); d != nil {
+		return *d, nil
+	}
+	d, err := citus.Detect(ctx, tx.ex)
+	if err != nil {
+		return nil, err
+	}
+	c.txDia.Store(&d)
+	return d, nil
 }
 
 // read runs reads in the caller's transaction tx, else (nil) on c's pool.
@@ -131,7 +143,7 @@ func (c *Client) read(ctx context.Context, tx *Tx, what string, stmts ...engine.
 // run runs q as l's operation: in l's transaction (In), else in one of the
 // client's, coalesced when coalesce. seen is told a coalesced batch's size.
 func (l *Limiter) run(q *engine.Request, set engine.Settings, coalesce bool, what string) error {
-	l.notePolicy(q.Ctx)
+	l.notePolicy(q.Ctx, l.tx != nil)
 	if l.tx != nil {
 		return l.client.runIn(q.Ctx, l.tx, q, set, what)
 	}

@@ -10,30 +10,26 @@ package citus
 
 import (
 	"context"
+	"errors"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/pgratelimit/pgratelimit/internal/engine"
 	"github.com/pgratelimit/pgratelimit/internal/sqlgen"
 )
 
-// querier is what detection needs of a pool, a connection or a transaction.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Detect asks the database whether the bucket tables are distributed tables
-// of Citus: engine.Citus if so, else engine.Postgres (tables that do not exist
-// yet count as plain).
-func Detect(ctx context.Context, q querier) (engine.Dialect, error) {
+// Detect asks the database, through ex (a pool's executor, or a caller's
+// transaction), whether the bucket tables are distributed tables of Citus:
+// engine.Citus if so, else engine.Postgres (tables that do not exist yet
+// count as plain).
+func Detect(ctx context.Context, ex engine.Executor) (engine.Dialect, error) {
 	const why = "detect the database's dialect (plain PostgreSQL or Citus)"
 	var citusHere, dist bool
-	if err := q.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`).Scan(&citusHere); err != nil {
+	if err := ex.Pipeline(ctx, []engine.Stmt{scanBool(`SELECT to_regclass('pg_catalog.pg_dist_partition') IS NOT NULL`, &citusHere)}); err != nil {
 		return nil, engine.DBError(why, err)
 	}
-	if citusHere {
-		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
-WHERE logicalrelid IN (to_regclass($1), to_regclass($2)))`, sqlgen.DurableTable, sqlgen.EphemeralTable).Scan(&dist)
-		if err != nil {
+	if citusHere { // else the catalog this reads does not exist
+		st := scanBool(`SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition
+WHERE logicalrelid IN (to_regclass($1), to_regclass($2)))`, &dist, sqlgen.DurableTable, sqlgen.EphemeralTable)
+		if err := ex.Pipeline(ctx, []engine.Stmt{st}); err != nil {
 			return nil, engine.DBError(why, err)
 		}
 	}
@@ -41,4 +37,23 @@ WHERE logicalrelid IN (to_regclass($1), to_regclass($2)))`, sqlgen.DurableTable,
 		return engine.Citus{}, nil
 	}
 	return engine.Postgres{}, nil
+}
+
+// scanBool is the statement sql with args, reading the boolean of its one
+// row into dst.
+func scanBool(sql string, dst *bool, args ...any) engine.Stmt {
+	return engine.Stmt{SQL: sql, Args: args, Scan: func(rs engine.RowScanner) error {
+		if !rs.Next() {
+			if err := rs.Err(); err != nil {
+				return err
+			}
+			return errors.New("no row")
+		}
+		if err := rs.Scan(dst); err != nil {
+			return err
+		}
+		for rs.Next() {
+		}
+		return rs.Err()
+	}}
 }

@@ -50,7 +50,7 @@ const LockClass int32 = 0x70676c63
 // an error.
 func Run(ctx context.Context, pool *pgxpool.Pool, opts Options) (Stats, error) {
 	var st Stats
-	d, err := citus.Detect(ctx, pool) // once per run: tables may have been distributed since
+	d, err := citus.Detect(ctx, engine.PgxExecutor{Q: pool}) // once per run: tables may have been distributed since
 	if err != nil {
 		return st, err
 	}
