@@ -309,20 +309,58 @@ func TestCleanerRunOnce(t *testing.T) {
 	c, err := pgratelimit.NewCleaner(pool, pgratelimit.CleanerConfig{BatchSize: 100})
 	require.NoError(t, err)
 
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }() // on a failure too: the pool's Close waits for it
-	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, cleanup.LockClass)
-	require.NoError(t, err)
+	// The lock is taken where a batch runs: on the database, or on Citus
+	// on the node of each batch's shards (docs/citus.md).
+	var holders []pgx.Tx
+	for _, db := range cleanupLockNodes(t, pool) {
+		holder, err := db.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = holder.Rollback(ctx) }() // on a failure too: the pool's Close waits for it
+		_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext(current_schema()))`, cleanup.LockClass)
+		require.NoError(t, err)
+		holders = append(holders, holder)
+	}
 	n, err := c.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, n, "another instance holds the lock: this one skips")
 	require.Equal(t, int64(2000), countRows(t, pool, "true"), "nothing deleted")
-	require.NoError(t, holder.Rollback(ctx))
+	for _, holder := range holders {
+		require.NoError(t, holder.Rollback(ctx))
+	}
 
 	n, err = c.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(2000), n)
+}
+
+// cleanupLockNodes are the databases where a cleaner of pool's schema takes
+// its advisory lock: pool's own, or on distributed tables each node that
+// holds shards (pool's configuration, on the node's address).
+func cleanupLockNodes(t *testing.T, pool *pgxpool.Pool) []*pgxpool.Pool {
+	t.Helper()
+	if os.Getenv(testdb.DistributeEnvVar) == "" {
+		return []*pgxpool.Pool{pool}
+	}
+	rows, err := pool.Query(context.Background(), `SELECT nodename, nodeport FROM pg_dist_node
+WHERE isactive AND noderole = 'primary' AND shouldhaveshards`)
+	require.NoError(t, err)
+	type node struct {
+		Host string
+		Port int
+	}
+	nodes, err := pgx.CollectRows(rows, pgx.RowToStructByPos[node])
+	require.NoError(t, err)
+	var out []*pgxpool.Pool
+	for _, n := range nodes {
+		cfg := pool.Config().Copy()
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = n.Host, uint16(n.Port)
+		cfg.ConnConfig.Fallbacks = nil
+		np, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(np.Close)
+		out = append(out, np)
+	}
+	return out
 }
 
 // A check of a key idle past its expiry moves expires_at, and its update is

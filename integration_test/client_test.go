@@ -128,8 +128,7 @@ func TestClientCloseTimesOut(t *testing.T) {
 	_, err := l.Allow(ctx, "k")
 	require.NoError(t, err)
 	holder := lockRow(t, pool, "slow", "k")
-	var holderPID int
-	require.NoError(t, holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID))
+	holderPID := holderID(t, holder)
 	done := make(chan error, 1)
 	go func() {
 		_, err := l.Allow(ctx, "k")

@@ -182,12 +182,30 @@ func clientLimiter(t *testing.T, c *pgratelimit.Client, cfg pgratelimit.Config) 
 	return l
 }
 
-// blockedBy counts the backends waiting for a lock that backend pid holds.
-func blockedBy(t *testing.T, pool *pgxpool.Pool, pid int) int {
+// holderID is the ID of the backend that runs tx, as blockedBy takes it:
+// its process ID, or on distributed tables its Citus global process ID
+// (the row locks it holds are on the nodes).
+func holderID(t *testing.T, tx pgx.Tx) int64 {
 	t.Helper()
+	q := `SELECT pg_backend_pid()`
+	if os.Getenv(testdb.DistributeEnvVar) != "" {
+		q = `SELECT citus_backend_gpid()`
+	}
+	var id int64
+	require.NoError(t, tx.QueryRow(context.Background(), q).Scan(&id))
+	return id
+}
+
+// blockedBy counts the backends waiting for a lock that the backend id
+// (holderID) holds.
+func blockedBy(t *testing.T, pool *pgxpool.Pool, id int64) int {
+	t.Helper()
+	q := `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`
+	if os.Getenv(testdb.DistributeEnvVar) != "" {
+		q = `SELECT count(*) FROM citus_lock_waits WHERE blocking_gpid = $1`
+	}
 	var n int
-	require.NoError(t, pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
+	require.NoError(t, pool.QueryRow(context.Background(), q, id).Scan(&n))
 	return n
 }
 

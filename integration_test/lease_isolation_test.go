@@ -55,8 +55,7 @@ func TestLeaseRowDeletedWhileLocking(t *testing.T) {
 	require.NoError(t, s.Release(ctx, "k", r.Lease.ID))
 
 	tx := lockRow(t, pool, "del", "k")
-	var pid int
-	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	pid := holderID(t, tx)
 	type answer struct {
 		r   pgratelimit.LeaseResult
 		err error
